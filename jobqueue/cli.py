@@ -1,0 +1,266 @@
+"""The `jobqueue` command: thin wrappers that run the package's async functions.
+
+Every failure a user can cause (a bad argument, an unreachable database, a
+module that does not import) ends in one line on stderr and a non-zero exit,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from jobqueue import db
+
+logger = logging.getLogger("jobqueue.cli")
+
+
+class CliError(Exception):
+    """A problem to report in one line, with exit code 1."""
+
+
+# -- commands -------------------------------------------------------------------
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from jobqueue import embedded
+
+    server = embedded.EmbeddedPostgres()
+    if args.action == "up":
+        print(server.start())
+    elif args.action == "down":
+        server.stop()
+    else:
+        if not server.is_running():
+            raise CliError("the embedded PostgreSQL is not running (start it: jobqueue db up)")
+        print(server.url())
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from jobqueue import migrations
+
+    asyncio.run(migrations.upgrade(revision=args.revision))
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    from jobqueue.enqueue import check_max_retries, check_run_at, encode_payload, enqueue
+    from jobqueue.registry import check_job_type
+
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as e:
+        raise CliError(f"--payload is not valid JSON: {e}") from None
+    run_at = None
+    if args.run_at is not None:
+        try:
+            run_at = datetime.fromisoformat(args.run_at)
+        except ValueError:
+            raise CliError(f"--run-at is not an ISO 8601 time: {args.run_at!r}") from None
+    try:  # everything checked before connecting: bad input never reaches the database
+        check_job_type(args.job_type)
+        encode_payload(payload)
+        check_max_retries(args.max_retries)
+        check_run_at(run_at)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+    async def go() -> uuid.UUID:
+        engine = db.create_engine()
+        try:
+            async with engine.begin() as conn:
+                return await enqueue(conn, args.job_type, payload,
+                                     max_retries=args.max_retries, run_at=run_at)
+        finally:
+            await engine.dispose()
+
+    print(asyncio.run(go()))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from jobqueue.retry import RetryPolicy
+    from jobqueue.worker import JobRunner
+
+    sys.path.insert(0, os.getcwd())  # `--import my_module` from the project folder
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # anything a user module raises while importing
+            raise CliError(f"cannot import {module!r}: {type(e).__name__}: {e}") from None
+    try:
+        runner = JobRunner(
+            concurrency=args.concurrency,
+            batch_size=args.batch_size,
+            poll_interval=args.poll_interval,
+            grace_period=args.grace_period,
+            burst=args.burst,
+            retry_policy=RetryPolicy(base=args.backoff_base, cap=args.backoff_cap,
+                                     jitter=args.backoff_jitter),
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    report = asyncio.run(runner.run())
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from jobqueue import report
+
+    async def go() -> dict[str, Any] | None:
+        conn = await db.connect(db.database_url(), application_name="jobqueue status")
+        try:
+            if args.job_id is None:
+                return await report.queue_summary(conn, args.window)
+            return await report.job_detail(conn, args.job_id)
+        finally:
+            await conn.close()
+
+    if args.job_id is not None:
+        try:
+            args.job_id = uuid.UUID(args.job_id)
+        except ValueError:
+            raise CliError(f"not a job id: {args.job_id!r}") from None
+    result = asyncio.run(go())
+    if result is None:
+        raise CliError(f"no job {args.job_id}")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.job_id is not None:
+        print(format_job(result))
+    else:
+        print(format_summary(result))
+    return 0
+
+
+# -- output for people ----------------------------------------------------------
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    r = s["recent"]
+    lat, run = r["latency_ms"], r["run_time_ms"]
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:g} ms"
+
+    lines = ["jobs by status"]
+    lines += [f"  {status:<11}{n:>10,}" for status, n in s["counts"].items()]
+    lines += [f"  {'total':<11}{s['total']:>10,}", ""]
+    lines.append(f"last {s['window_seconds']:g} s")
+    lines.append(f"  finished    {r['completed']:,} completed, {r['failed']:,} failed "
+                 f"({r['throughput_per_sec']:g} jobs/s)")
+    lines.append(f"  error rate  {r['error_rate']:.2%} of attempts "
+                 f"({r['failed_attempts']:,} failed attempts)")
+    lines.append(f"  latency     p50 {ms(lat['p50'])}, p95 {ms(lat['p95'])}, p99 {ms(lat['p99'])}"
+                 "  (enqueue to completion)")
+    lines.append(f"  run time    p50 {ms(run['p50'])}, p95 {ms(run['p95'])}, p99 {ms(run['p99'])}")
+    lines.append("")
+    if s["workers"]:
+        lines.append("workers")
+        lines += [f"  {'*' if w['active'] else ' '} {w['name']}" for w in s["workers"]]
+    else:
+        lines.append("workers     none running")
+    return "\n".join(lines)
+
+
+def format_job(job: dict[str, Any]) -> str:
+    width = max(len(k) for k in job)
+    return "\n".join(
+        f"{k:<{width}}  {json.dumps(v) if isinstance(v, dict | list) else v}"
+        for k, v in job.items()
+    )
+
+
+# -- parsing and running ----------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="jobqueue", description="A job queue that needs nothing but PostgreSQL."
+    )
+    p.add_argument("--log-level", default=os.environ.get("JOBQUEUE_LOG_LEVEL", "INFO"),
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("db", help="start, stop or locate the embedded PostgreSQL 16")
+    s.add_argument("action", choices=["up", "down", "url"])
+    s.set_defaults(func=cmd_db)
+
+    s = sub.add_parser("migrate", help="bring the database schema up to date (alembic)")
+    s.add_argument("--revision", default="head", help="target revision (default: head)")
+    s.set_defaults(func=cmd_migrate)
+
+    s = sub.add_parser("enqueue", help="add a job and print its id")
+    s.add_argument("job_type", metavar="TYPE")
+    s.add_argument("--payload", default="{}", help="a JSON object (default: {})")
+    s.add_argument("--max-retries", type=int, default=3, help="retries after the first attempt")
+    s.add_argument("--run-at", help="when the job is due, ISO 8601 with a time zone")
+    s.set_defaults(func=cmd_enqueue)
+
+    s = sub.add_parser("worker", help="run jobs until SIGTERM or SIGINT")
+    s.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="a module that registers handlers (repeatable)")
+    s.add_argument("--concurrency", type=int, default=1, help="lanes running side by side")
+    s.add_argument("--batch-size", type=int, default=100,
+                   help="most jobs one lane claims and commits at once")
+    s.add_argument("--poll-interval", type=float, default=1.0,
+                   help="seconds between looks at the table without a notification")
+    s.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds running jobs get to finish after SIGTERM")
+    s.add_argument("--backoff-base", type=float, default=1.0, help="first retry delay, seconds")
+    s.add_argument("--backoff-cap", type=float, default=300.0, help="longest retry delay")
+    s.add_argument("--backoff-jitter", type=float, default=0.1,
+                   help="random share taken off each delay (0 to 1)")
+    s.add_argument("--burst", action="store_true", help="stop once nothing is due")
+    s.add_argument("--json", action="store_true", help="print the final report as JSON")
+    s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("status", help="counts by status and recent figures, or one job")
+    s.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--window", type=float, default=300.0,
+                   help="seconds of recent history to summarise (default 300)")
+    s.set_defaults(func=cmd_status)
+    return p
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        code = func(args)
+    except KeyboardInterrupt:
+        code = 130
+    except (CliError, db.ConfigError) as e:
+        print(f"jobqueue: error: {e}", file=sys.stderr)
+        code = 1
+    except (OSError, asyncpg.PostgresError, SQLAlchemyError) as e:
+        print(f"jobqueue: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        code = 1
+    sys.exit(code)
+
+

@@ -1,0 +1,107 @@
+"""Where the database is and how to reach it.
+
+`DATABASE_URL` wins when set (SQLAlchemy form, `postgresql+asyncpg://…`; plain
+`postgresql://` and `postgres://` are accepted). Otherwise the embedded
+PostgreSQL 16 is used, started on first need.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import asyncpg
+from sqlalchemy import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+
+class ConfigError(ValueError):
+    """A setting the user gave cannot work; the message says which and why."""
+
+
+def database_url(url: str | None = None) -> str:
+    """The SQLAlchemy URL to use, with the asyncpg driver."""
+    raw = url or os.environ.get("DATABASE_URL")
+    if not raw:
+        from jobqueue import embedded
+
+        raw = embedded.ensure_running()
+    return normalize_url(raw)
+
+
+def normalize_url(raw: str) -> str:
+    try:
+        parsed = make_url(raw)
+    except ArgumentError as e:
+        raise ConfigError(f"DATABASE_URL is not a database URL: {raw!r}") from e
+    backend = parsed.get_backend_name()
+    if backend not in ("postgresql", "postgres"):
+        raise ConfigError(f"DATABASE_URL must point to PostgreSQL, not {backend!r}")
+    return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+def asyncpg_connect_args(url: str) -> dict[str, Any]:
+    """asyncpg.connect() keyword arguments for a SQLAlchemy URL."""
+    parsed: URL = make_url(url)
+    args: dict[str, Any] = {
+        "user": parsed.username,
+        "password": parsed.password,
+        "database": parsed.database,
+        "host": parsed.host,
+        "port": parsed.port,
+    }
+    query = dict(parsed.query)
+    if "host" in query:  # unix socket folder, as the embedded server uses
+        args["host"] = query.pop("host")
+    if "port" in query:
+        args["port"] = int(query.pop("port"))  # type: ignore[arg-type]
+    if "ssl" in query or "sslmode" in query:
+        args["ssl"] = query.pop("ssl", None) or query.pop("sslmode")
+    return {k: v for k, v in args.items() if v is not None}
+
+
+async def connect(url: str, application_name: str = "jobqueue") -> asyncpg.Connection:
+    """A dedicated connection, never pooled: session-level locks and LISTEN
+    live on a connection, so the connection must stay ours."""
+    return await asyncpg.connect(
+        **asyncpg_connect_args(url), server_settings={"application_name": application_name}
+    )
+
+
+def create_engine(url: str | None = None, **kwargs: Any) -> AsyncEngine:
+    """An engine on the configured database, for sessions and lanes."""
+    kwargs.setdefault("pool_pre_ping", False)
+    return create_async_engine(database_url(url), **kwargs)
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server, another database."""
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def create_database(url: str, name: str, *, template: str | None = None,
+                          replace: bool = False) -> str:
+    """Create database `name` on `url`'s server (a copy of `template` if given)
+    and return its URL. Tests and benchmarks get databases of their own."""
+    admin = await connect(with_database(url, "postgres"), application_name="jobqueue admin")
+    try:
+        if replace:
+            await admin.execute(f"DROP DATABASE IF EXISTS {_quote(name)} WITH (FORCE)")
+        suffix = f" TEMPLATE {_quote(template)}" if template else ""
+        await admin.execute(f"CREATE DATABASE {_quote(name)}{suffix}")
+    finally:
+        await admin.close()
+    return with_database(url, name)
+
+
+async def drop_database(url: str, name: str) -> None:
+    admin = await connect(with_database(url, "postgres"), application_name="jobqueue admin")
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {_quote(name)} WITH (FORCE)")
+    finally:
+        await admin.close()

@@ -1,0 +1,180 @@
+-- Every statement the queue runs, in one place.
+--
+-- Each query is headed `-- name --` and a one-line comment saying what it is
+-- for. Parameters are bound (`:name`), never formatted in. Times come from the
+-- database's clock: now() for comparisons, statement_timestamp() for what a
+-- statement records (inside a batch transaction, now() is when the batch began).
+
+-- enqueue --
+-- One job, inside the caller's transaction. NULL run_at means due now.
+INSERT INTO jobs (job_type, payload, max_retries, run_at)
+VALUES (:job_type, CAST(:payload AS jsonb), :max_retries,
+        COALESCE(CAST(:run_at AS timestamptz), now()))
+RETURNING id;
+
+-- enqueue_many --
+-- Many jobs of one type in one statement; ids come back in the payloads' order.
+WITH new AS (
+    SELECT gen_random_uuid() AS id, payload, n
+    FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS t(payload, n)
+), inserted AS (
+    INSERT INTO jobs (id, job_type, payload, max_retries, run_at)
+    SELECT id, :job_type, CAST(payload AS jsonb), :max_retries,
+           COALESCE(CAST(:run_at AS timestamptz), now())
+    FROM new
+)
+SELECT id FROM new ORDER BY n;
+
+-- claim --
+-- Take up to :limit due jobs for worker :worker_id in one round trip. SKIP
+-- LOCKED lets concurrent claimers pass each other instead of queueing up.
+WITH due AS (
+    SELECT id
+    FROM jobs
+    WHERE status IN ('pending', 'retrying') AND run_at <= now()
+    ORDER BY run_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs AS j
+SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
+FROM due
+WHERE j.id = due.id
+RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j.max_retries;
+
+-- complete --
+-- Record the successes of a batch, in the transaction that holds their
+-- handlers' writes. Only jobs this worker still owns are touched: the caller
+-- rolls back everything if a row is missing.
+UPDATE jobs AS j
+SET status = 'completed', completed_at = statement_timestamp(), next_retry_at = NULL,
+    result = CAST(d.result AS jsonb)
+FROM unnest(CAST(:ids AS uuid[]), CAST(:results AS text[])) AS d(id, result)
+WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = :worker_id
+RETURNING extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at)) AS latency;
+
+-- fail --
+-- Record failed attempts: each becomes `retrying`, due after its backoff, or
+-- `failed` for good; every attempt is appended to error_history.
+UPDATE jobs AS j
+SET status = CASE WHEN d.retry THEN 'retrying' ELSE 'failed' END,
+    retry_count = j.retry_count + CASE WHEN d.retry THEN 1 ELSE 0 END,
+    next_retry_at = CASE WHEN d.retry
+                         THEN statement_timestamp() + make_interval(secs => d.delay) END,
+    run_at = CASE WHEN d.retry
+                  THEN statement_timestamp() + make_interval(secs => d.delay)
+                  ELSE j.run_at END,
+    completed_at = CASE WHEN d.retry THEN NULL ELSE statement_timestamp() END,
+    error_message = d.error,
+    error_history = j.error_history || jsonb_build_array(jsonb_build_object(
+        'attempt', j.retry_count + 1, 'error', d.error, 'at', statement_timestamp()))
+FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[]),
+            CAST(:delays AS float8[]), CAST(:retry AS boolean[])) AS d(id, error, delay, retry)
+WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = :worker_id
+RETURNING j.id;
+
+-- hand_back --
+-- Return claimed jobs that did not run (shutdown, a lost transaction) to the
+-- queue as they were: no attempt is counted. NULL :ids means every job the
+-- worker still holds.
+WITH back AS (
+    UPDATE jobs
+    SET status = CASE WHEN retry_count > 0 THEN 'retrying' ELSE 'pending' END,
+        started_at = NULL, worker_id = NULL
+    WHERE status = 'processing' AND worker_id = :worker_id
+      AND (CAST(:ids AS uuid[]) IS NULL OR id = ANY(CAST(:ids AS uuid[])))
+    RETURNING id
+)
+SELECT n, CASE WHEN n > 0 THEN pg_notify('jobqueue', '') END AS notified
+FROM (SELECT count(*) AS n FROM back) AS c;
+
+-- rescue --
+-- Return to the queue the jobs of workers that are gone. A live worker holds
+-- an advisory lock (class :worker_lock_class, key = its id) on its own
+-- connection for as long as it lives; PostgreSQL drops that lock the moment
+-- the connection dies, so a missing lock means a dead worker.
+WITH back AS (
+    UPDATE jobs AS j
+    SET status = CASE WHEN j.retry_count > 0 THEN 'retrying' ELSE 'pending' END,
+        started_at = NULL, worker_id = NULL
+    WHERE j.status = 'processing'
+      AND NOT EXISTS (
+          SELECT 1 FROM pg_locks AS l
+          WHERE l.locktype = 'advisory'
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND l.classid = CAST(:worker_lock_class AS oid)
+            AND l.objid = CAST(j.worker_id AS oid)
+            AND l.objsubid = 2
+            AND l.granted)
+    RETURNING j.id
+)
+SELECT n, CASE WHEN n > 0 THEN pg_notify('jobqueue', '') END AS notified
+FROM (SELECT count(*) AS n FROM back) AS c;
+
+-- next_due --
+-- Seconds until the earliest waiting job is due (negative: overdue; NULL: none).
+SELECT extract(epoch FROM min(run_at) - now()) AS seconds
+FROM jobs
+WHERE status IN ('pending', 'retrying');
+
+-- lock_worker --
+-- Announce this worker as alive: a session lock on its dedicated connection.
+SELECT pg_try_advisory_lock(:lock_class, :worker_id) AS locked;
+
+-- lock_active --
+-- Wait to become the one active worker; returns the moment the holder's
+-- connection releases the lock or dies.
+SELECT pg_advisory_lock(:lock_class, :key);
+
+-- try_lock_active --
+-- Become the active worker if nobody is.
+SELECT pg_try_advisory_lock(:lock_class, :key) AS locked;
+
+-- unlock_all --
+-- Let go of every session lock this connection holds.
+SELECT pg_advisory_unlock_all();
+
+-- counts_by_status --
+-- How many jobs are in each state.
+SELECT status, count(*) AS n FROM jobs GROUP BY status;
+
+-- recent_finished --
+-- Finished jobs of the last :window seconds: counts and latency percentiles.
+SELECT count(*) FILTER (WHERE status = 'completed') AS completed,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+           ORDER BY extract(epoch FROM completed_at - greatest(created_at, run_at)))
+           FILTER (WHERE status = 'completed') AS latency,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+           ORDER BY extract(epoch FROM completed_at - started_at))
+           FILTER (WHERE status = 'completed') AS run_time
+FROM jobs
+WHERE completed_at >= now() - make_interval(secs => :window);
+
+-- recent_failed_attempts --
+-- Failed attempts recorded in the last :window seconds, from error_history.
+SELECT count(*) AS n
+FROM jobs AS j, jsonb_array_elements(j.error_history) AS e
+WHERE (j.status IN ('pending', 'processing', 'retrying')
+       OR j.completed_at >= now() - make_interval(secs => :window))
+  AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window);
+
+-- active_workers --
+-- Workers alive now, and which one holds the active lock.
+SELECT a.pid, a.application_name, a.client_addr, a.backend_start,
+       EXISTS (SELECT 1 FROM pg_locks AS x
+               WHERE x.pid = a.pid AND x.locktype = 'advisory' AND x.granted
+                 AND x.classid = CAST(:lock_class AS oid)
+                 AND x.objid = CAST(:key AS oid)) AS active
+FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = CAST(:worker_lock_class AS oid)
+ORDER BY a.backend_start;
+
+-- get_job --
+-- One job, everything about it.
+SELECT id, job_type, payload, status, retry_count, max_retries, next_retry_at, run_at,
+       error_message, error_history, result, created_at, started_at, completed_at, worker_id
+FROM jobs
+WHERE id = :id;

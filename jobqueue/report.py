@@ -1,0 +1,85 @@
+"""What the queue looks like right now, read from the database.
+
+Used by `jobqueue status` (and by anything else that wants the same figures):
+counts by status, and throughput, latency and error rate of the last minutes,
+all computed by PostgreSQL from the jobs table itself.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from jobqueue import db
+from jobqueue.models import STATUS_VALUES
+from jobqueue.queries import queries
+from jobqueue.worker import ACTIVE_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
+
+
+def _ms(values: list[float] | None) -> dict[str, float | None]:
+    keys = ("p50", "p95", "p99")
+    if not values:
+        return dict.fromkeys(keys)
+    return {k: None if v is None else round(v * 1000, 2) for k, v in zip(keys, values, strict=True)}
+
+
+async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict[str, Any]:
+    """Counts by status, plus the last `window` seconds of work."""
+    counts = dict.fromkeys(STATUS_VALUES, 0)
+    for row in await queries["counts_by_status"].fetch(conn):
+        counts[row["status"]] = row["n"]
+    recent = await queries["recent_finished"].fetchrow(conn, window=window)
+    failed_attempts = await queries["recent_failed_attempts"].fetchval(conn, window=window)
+    workers = await queries["active_workers"].fetch(
+        conn, lock_class=LOCK_CLASS, key=ACTIVE_KEY, worker_lock_class=WORKER_LOCK_CLASS
+    )
+    assert recent is not None
+    attempts = recent["completed"] + failed_attempts
+    return {
+        "counts": counts,
+        "total": sum(counts.values()),
+        "window_seconds": window,
+        "recent": {
+            "completed": recent["completed"],
+            "failed": recent["failed"],
+            "failed_attempts": failed_attempts,
+            "throughput_per_sec": round((recent["completed"] + recent["failed"]) / window, 2),
+            "error_rate": round(failed_attempts / attempts, 4) if attempts else 0.0,
+            "latency_ms": _ms(recent["latency"]),
+            "run_time_ms": _ms(recent["run_time"]),
+        },
+        "workers": [
+            {"pid": w["pid"], "name": w["application_name"], "active": w["active"],
+             "since": w["backend_start"].isoformat()}
+            for w in workers
+        ],
+    }
+
+
+async def job_detail(conn: asyncpg.Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
+    """Everything about one job, JSON-ready; None if there is no such job."""
+    row = await queries["get_job"].fetchrow(conn, id=job_id)
+    if row is None:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, uuid.UUID):
+            value = str(value)
+        elif key in ("payload", "error_history", "result") and isinstance(value, str):
+            value = json.loads(value)
+        out[key] = value
+    return out
+
+
+async def summary(url: str | None = None, window: float = 300.0) -> dict[str, Any]:
+    conn = await db.connect(db.database_url(url), application_name="jobqueue status")
+    try:
+        return await queue_summary(conn, window)
+    finally:
+        await conn.close()

@@ -1,0 +1,132 @@
+"""Fixtures: one PostgreSQL 16 for the run, one fresh database per test.
+
+The schema is built once, by the real migrations, into a template database;
+each test gets `CREATE DATABASE … TEMPLATE` (a file copy, tens of
+milliseconds), so tests are isolated completely and can run workers against
+their own database.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from jobqueue import db, embedded, examples, migrations
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = "jobqueue_test_template"
+
+# Tables the test handlers write to. `events` is written outside the job's
+# transaction (it shows what ran, even if rolled back); `effects` is written
+# through the handler's session, so it commits exactly when the job does.
+TEST_TABLES = (
+    """CREATE TABLE events (
+           job_id uuid NOT NULL, kind text NOT NULL, worker_pid integer,
+           at timestamptz NOT NULL DEFAULT clock_timestamp())""",
+    """CREATE TABLE effects (
+           job_id uuid NOT NULL, n integer NOT NULL DEFAULT 1,
+           at timestamptz NOT NULL DEFAULT clock_timestamp())""",
+)
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """The server's URL: DATABASE_URL if set, else the embedded PostgreSQL 16
+    (stopped again at the end if this run started it)."""
+    if os.environ.get("DATABASE_URL"):
+        yield db.normalize_url(os.environ["DATABASE_URL"])
+        return
+    server = embedded.EmbeddedPostgres()
+    was_running = server.is_running()
+    url = server.start()
+    yield url
+    if not was_running:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+async def template_url(server_url: str) -> AsyncIterator[str]:
+    url = await db.create_database(server_url, TEMPLATE, replace=True)
+    await migrations.upgrade(url)
+    engine = create_async_engine(url)
+    async with engine.begin() as conn:
+        await examples.create_tables(conn)
+        for statement in TEST_TABLES:
+            await conn.exec_driver_sql(statement)
+    await engine.dispose()
+    yield url
+    await db.drop_database(server_url, TEMPLATE)
+
+
+@pytest.fixture
+async def db_url(server_url: str, template_url: str) -> AsyncIterator[str]:
+    """A database of this test's own, with the schema in place."""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    yield await db.create_database(server_url, name, template=TEMPLATE)
+    await db.drop_database(server_url, name)
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = create_async_engine(db_url)
+    yield eng
+    await eng.dispose()
+
+
+@pytest.fixture
+async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain asyncpg connection for looking at the tables."""
+    c = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+    yield c
+    await c.close()
+
+
+class WorkerProcess:
+    """A real `jobqueue worker` process on a test database."""
+
+    def __init__(self, db_url: str, log_path: Path, *args: str) -> None:
+        self.log_path = log_path
+        env = {**os.environ, "DATABASE_URL": db_url, "PYTHONUNBUFFERED": "1"}
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jobqueue", "worker", "--import", "tests.handlers", *args],
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def spawn_worker(db_url: str, tmp_path: Path) -> Iterator[object]:
+    started: list[WorkerProcess] = []
+
+    def spawn(*args: str) -> WorkerProcess:
+        w = WorkerProcess(db_url, tmp_path / f"worker-{len(started)}.log", *args)
+        started.append(w)
+        return w
+
+    yield spawn
+    for w in started:
+        w.close()

@@ -1,0 +1,377 @@
+"""The worker in this process: processing, retries, savepoints, scheduling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue, enqueue_many
+from jobqueue.examples import process_payment, send_email
+from jobqueue.testing import drain, wait_for
+
+FAST_RETRIES = RetryPolicy(base=0.05, factor=2.0, cap=1.0, jitter=0.0)
+
+
+@pytest.fixture
+def registry() -> HandlerRegistry:
+    r = HandlerRegistry()
+    r.add("send_email", send_email)
+    r.add("process_payment", process_payment)
+    return r
+
+
+@contextlib.asynccontextmanager
+async def running(runner: JobRunner) -> AsyncIterator[asyncio.Task[dict[str, Any]]]:
+    """A runner in the background, stopped (and its report awaited) on exit."""
+    task = asyncio.create_task(runner.run())
+    try:
+        yield task
+    finally:
+        runner.stop()
+        await asyncio.wait_for(asyncio.shield(task), 30)
+
+
+async def job(conn: asyncpg.Connection, job_id: object) -> asyncpg.Record:
+    row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+    assert row is not None
+    return row
+
+
+async def status_of(conn: asyncpg.Connection, job_id: object) -> str:
+    return (await job(conn, job_id))["status"]
+
+
+def runner(db_url: str, registry: HandlerRegistry, **kw: Any) -> JobRunner:
+    kw.setdefault("install_signal_handlers", False)
+    kw.setdefault("poll_interval", 0.2)
+    kw.setdefault("retry_policy", FAST_RETRIES)
+    return JobRunner(db_url, registry=registry, **kw)
+
+
+async def test_basic_processing(engine: AsyncEngine, db_url: str, registry, conn) -> None:
+    async with engine.begin() as s:
+        ids = [await enqueue(s, "send_email", {"to": f"user-{i}@test.com"}) for i in range(5)]
+
+    report = await drain(db_url, registry=registry)
+
+    assert report["processed"] == 5 and report["failed"] == 0 and report["retried"] == 0
+    assert report["latency_ms"]["p50"] is not None and report["handler_ms"]["p99"] is not None
+    rows = [await job(conn, i) for i in ids]
+    assert {r["status"] for r in rows} == {"completed"}
+    assert [r["result"] for r in rows] == [f'{{"sent_to": "user-{i}@test.com"}}' for i in range(5)]
+    for r in rows:
+        assert r["created_at"] <= r["started_at"] <= r["completed_at"]
+        assert r["worker_id"] == report["worker_id"]
+        assert r["retry_count"] == 0 and r["error_history"] == "[]"
+
+
+async def test_retry_then_success(engine: AsyncEngine, db_url: str, conn) -> None:
+    attempts: list[int] = []
+    registry = HandlerRegistry()
+
+    @registry.register("flaky")
+    async def flaky(session: Any, payload: dict[str, Any]) -> dict[str, bool]:
+        attempts.append(len(attempts) + 1)
+        if len(attempts) < 3:
+            raise ValueError(f"temporary failure {len(attempts)}")
+        return {"ok": True}
+
+    async with engine.begin() as s:
+        job_id = await enqueue(s, "flaky", {}, max_retries=5)
+
+    async with running(runner(db_url, registry)) as task:
+        await wait_for(lambda: status_of(conn, job_id), message="a finished job",
+                       timeout=15) and await wait_for(
+            lambda: _is(conn, job_id, "completed"), message="completion", timeout=15)
+    report = task.result()
+
+    row = await job(conn, job_id)
+    assert attempts == [1, 2, 3]
+    assert row["status"] == "completed" and row["retry_count"] == 2
+    history = __import__("json").loads(row["error_history"])
+    assert [h["attempt"] for h in history] == [1, 2]
+    assert [h["error"] for h in history] == ["ValueError: temporary failure 1",
+                                              "ValueError: temporary failure 2"]
+    for h in history:
+        datetime.fromisoformat(h["at"])  # ISO 8601
+    assert report["processed"] == 1 and report["retried"] == 2 and report["failed"] == 0
+    assert report["error_rate"] == pytest.approx(2 / 3, abs=1e-3)
+
+
+async def _is(conn: asyncpg.Connection, job_id: object, status: str) -> bool:
+    return await status_of(conn, job_id) == status
+
+
+async def test_max_retries_then_failed(engine: AsyncEngine, db_url: str, conn) -> None:
+    registry = HandlerRegistry()
+    calls = 0
+
+    @registry.register("always_fail")
+    async def always_fail(session: Any, payload: dict[str, Any]) -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("permanent error")
+
+    async with engine.begin() as s:
+        job_id = await enqueue(s, "always_fail", {}, max_retries=2)
+
+    async with running(runner(db_url, registry)) as task:
+        await wait_for(lambda: _is(conn, job_id, "failed"), message="failure", timeout=15)
+    report = task.result()
+
+    row = await job(conn, job_id)
+    history = __import__("json").loads(row["error_history"])
+    assert calls == 3  # the first attempt and max_retries=2 retries
+    assert row["retry_count"] == 2
+    assert len(history) == 3 and [h["attempt"] for h in history] == [1, 2, 3]
+    assert row["error_message"] == "ValueError: permanent error"
+    assert row["completed_at"] is not None and row["next_retry_at"] is None
+    assert report["failed"] == 1 and report["retried"] == 2 and report["processed"] == 0
+
+
+async def test_backoff_is_exponential_and_on_the_database_clock(
+    engine: AsyncEngine, db_url: str, conn
+) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("fail")
+    async def fail(session: Any, payload: dict[str, Any]) -> None:
+        raise RuntimeError("no")
+
+    policy = RetryPolicy(base=0.2, factor=2.0, cap=10.0, jitter=0.0)
+    async with engine.begin() as s:
+        job_id = await enqueue(s, "fail", {}, max_retries=3)
+    async with running(runner(db_url, registry, retry_policy=policy)):
+        await wait_for(lambda: _is(conn, job_id, "failed"), message="failure", timeout=20)
+
+    history = __import__("json").loads((await job(conn, job_id))["error_history"])
+    times = [datetime.fromisoformat(h["at"]) for h in history]
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+    # Each retry waits at least its backoff (0.2, 0.4, 0.8 s), measured by PostgreSQL.
+    for gap, wanted in zip(gaps, [0.2, 0.4, 0.8], strict=True):
+        assert gap >= wanted
+
+
+async def test_error_message_is_bounded(engine: AsyncEngine, db_url: str, conn) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("loud")
+    async def loud(session: Any, payload: dict[str, Any]) -> None:
+        raise RuntimeError("x" * 10_000)
+
+    async with engine.begin() as s:
+        job_id = await enqueue(s, "loud", {}, max_retries=0)
+    await drain(db_url, registry=registry)
+    row = await job(conn, job_id)
+    assert row["status"] == "failed"
+    assert len(row["error_message"]) == 2000
+    assert len(__import__("json").loads(row["error_history"])[0]["error"]) == 2000
+
+
+async def test_unknown_job_type_fails_and_the_worker_goes_on(
+    engine: AsyncEngine, db_url: str, registry, conn
+) -> None:
+    async with engine.begin() as s:
+        unknown = await enqueue(s, "no_such_type", {}, max_retries=5)
+        known = await enqueue(s, "send_email", {"to": "a@b.c"})
+    report = await drain(db_url, registry=registry)
+    row = await job(conn, unknown)
+    assert row["status"] == "failed" and row["retry_count"] == 0
+    assert "no_such_type" in row["error_message"]
+    assert await status_of(conn, known) == "completed"
+    assert report["processed"] == 1 and report["failed"] == 1
+
+
+async def test_savepoint_keeps_a_failed_payment_from_touching_the_balance(
+    engine: AsyncEngine, db_url: str, registry, conn
+) -> None:
+    await conn.execute("INSERT INTO demo_users (id, balance) VALUES (1, 100)")
+    async with engine.begin() as s:
+        good = await enqueue(s, "process_payment",
+                             {"user_id": 1, "amount": 50, "payment_id": "p1"})
+        duplicate = await enqueue(s, "process_payment",
+                                  {"user_id": 1, "amount": 50, "payment_id": "p1"},
+                                  max_retries=0)
+        overdraft = await enqueue(s, "process_payment",
+                                  {"user_id": 1, "amount": -1000, "payment_id": "p2"},
+                                  max_retries=0)
+        another = await enqueue(s, "process_payment",
+                                {"user_id": 1, "amount": 25, "payment_id": "p3"})
+
+    # One batch, one transaction: the failures must roll back alone.
+    report = await drain(db_url, registry=registry, batch_size=10)
+
+    assert report["batches"] == 1
+    assert await conn.fetchval("SELECT balance FROM demo_users WHERE id = 1") == 175
+    assert await conn.fetchval("SELECT count(*) FROM demo_payments") == 2
+    assert await status_of(conn, good) == "completed"
+    assert await status_of(conn, another) == "completed"
+    dup, over = await job(conn, duplicate), await job(conn, overdraft)
+    assert dup["status"] == "failed" and "UniqueViolation" in dup["error_message"]
+    assert over["status"] == "failed" and "CheckViolation" in over["error_message"]
+
+
+async def test_handler_that_swallows_a_database_error_fails_alone(
+    engine: AsyncEngine, db_url: str, conn
+) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("sloppy")
+    async def sloppy(session: Any, payload: dict[str, Any]) -> None:
+        await session.execute(text("INSERT INTO effects (job_id) VALUES (gen_random_uuid())"))
+        with contextlib.suppress(Exception):
+            await session.execute(text("SELECT 1/0"))
+
+    @registry.register("tidy")
+    async def tidy(session: Any, payload: dict[str, Any]) -> None:
+        await session.execute(text("INSERT INTO effects (job_id, n) VALUES (gen_random_uuid(), 2)"))
+
+    async with engine.begin() as s:
+        first = await enqueue(s, "tidy", {})
+        bad = await enqueue(s, "sloppy", {}, max_retries=0)
+        last = await enqueue(s, "tidy", {})
+    report = await drain(db_url, registry=registry, batch_size=10)
+    assert await status_of(conn, bad) == "failed"
+    assert await status_of(conn, first) == "completed"
+    assert await status_of(conn, last) == "completed"
+    assert await conn.fetchval("SELECT array_agg(n ORDER BY n) FROM effects") == [2, 2]
+    assert report["processed"] == 2 and report["failed"] == 1
+
+
+async def test_result_that_is_not_json_fails_the_job(engine: AsyncEngine, db_url, conn) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("odd")
+    async def odd(session: Any, payload: dict[str, Any]) -> object:
+        await session.execute(text("INSERT INTO effects (job_id) VALUES (gen_random_uuid())"))
+        return {"when": datetime.now()}
+
+    async with engine.begin() as s:
+        job_id = await enqueue(s, "odd", {}, max_retries=0)
+    await drain(db_url, registry=registry)
+    row = await job(conn, job_id)
+    assert row["status"] == "failed" and "not JSON" in row["error_message"]
+    assert await conn.fetchval("SELECT count(*) FROM effects") == 0
+
+
+async def test_scheduled_job_waits_for_its_time(engine: AsyncEngine, db_url, registry, conn):
+    db_now = await conn.fetchval("SELECT now()")
+    run_at = db_now + timedelta(seconds=1.5)
+    async with engine.begin() as s:
+        later = await enqueue(s, "send_email", {"to": "later@x"}, run_at=run_at)
+        now_job = await enqueue(s, "send_email", {"to": "now@x"})
+
+    early = await drain(db_url, registry=registry)
+    assert early["processed"] == 1
+    assert await status_of(conn, now_job) == "completed"
+    assert await status_of(conn, later) == "pending"
+
+    async with running(runner(db_url, registry, poll_interval=5.0)):
+        await wait_for(lambda: _is(conn, later, "completed"), message="the scheduled job",
+                       timeout=10)
+    row = await job(conn, later)
+    assert row["started_at"] >= run_at
+
+
+async def test_plain_sql_insert_is_a_job_and_wakes_an_idle_worker(db_url, registry, conn):
+    """A long poll interval: only LISTEN/NOTIFY can start the job in time."""
+    r = runner(db_url, registry, poll_interval=60.0)
+    async with running(r):
+        await asyncio.wait_for(r.wait_active(), 10)
+        await wait_for(lambda: r._wake.is_set() is False, message="an idle runner")
+        job_id = await conn.fetchval(
+            "INSERT INTO jobs (job_type, payload) VALUES ('send_email', '{\"to\": \"sql@x\"}') "
+            "RETURNING id")
+        await wait_for(lambda: _is(conn, job_id, "completed"), timeout=10,
+                       message="completion of a job inserted by plain SQL")
+
+
+async def test_jobs_of_a_dead_worker_are_rescued(engine: AsyncEngine, db_url, registry, conn):
+    # A job claimed by worker 12345, which holds no liveness lock: it is gone.
+    job_id = await conn.fetchval(
+        "INSERT INTO jobs (job_type, payload, status, worker_id, started_at) "
+        "VALUES ('send_email', '{\"to\": \"x@y\"}', 'processing', 12345, now()) RETURNING id")
+    report = await drain(db_url, registry=registry)
+    assert report["rescued"] == 1
+    row = await job(conn, job_id)
+    assert row["status"] == "completed" and row["worker_id"] == report["worker_id"]
+    assert row["retry_count"] == 0
+
+
+async def test_only_one_runner_works_the_other_stands_by(
+    engine: AsyncEngine, db_url: str, registry, conn
+) -> None:
+    async with engine.begin() as s:
+        await enqueue_many(s, "send_email", [{"to": f"u{i}@t.com"} for i in range(20)])
+    first, second = runner(db_url, registry), runner(db_url, registry)
+    t1 = asyncio.create_task(first.run())
+    await asyncio.wait_for(first.wait_active(), 10)
+    t2 = asyncio.create_task(second.run())
+    await wait_for(lambda: second.state == "standby", message="the second runner standing by")
+    await wait_for(lambda: _count(conn, "completed", 20), message="20 completed jobs")
+    async with engine.begin() as s:
+        await enqueue_many(s, "send_email", [{"to": f"v{i}@t.com"} for i in range(20)])
+    await wait_for(lambda: _count(conn, "completed", 40), message="40 completed jobs")
+    assert second.state == "standby"
+
+    second.stop()
+    first.stop()
+    r1, r2 = await asyncio.wait_for(asyncio.gather(t1, t2), 30)
+    assert r1["was_active"] and r1["processed"] == 40
+    assert not r2["was_active"] and r2["processed"] == 0
+    workers = await conn.fetch("SELECT DISTINCT worker_id FROM jobs")
+    assert [w["worker_id"] for w in workers] == [first.worker_id]
+
+
+async def _count(conn: asyncpg.Connection, status: str, n: int) -> bool:
+    return await conn.fetchval("SELECT count(*) FROM jobs WHERE status = $1", status) == n
+
+
+async def test_standby_takes_over_when_the_active_runner_stops(
+    engine: AsyncEngine, db_url, registry, conn
+) -> None:
+    first, second = runner(db_url, registry), runner(db_url, registry)
+    t1 = asyncio.create_task(first.run())
+    await asyncio.wait_for(first.wait_active(), 10)
+    t2 = asyncio.create_task(second.run())
+    await wait_for(lambda: second.state == "standby", message="standby")
+    first.stop()
+    await asyncio.wait_for(t1, 30)
+    await asyncio.wait_for(second.wait_active(), 10)
+    async with engine.begin() as s:
+        job_id = await enqueue(s, "send_email", {"to": "after@x"})
+    await wait_for(lambda: _is(conn, job_id, "completed"), message="completion by the standby")
+    assert (await job(conn, job_id))["worker_id"] == second.worker_id
+    second.stop()
+    await asyncio.wait_for(t2, 30)
+
+
+async def test_many_lanes_share_the_work(engine: AsyncEngine, db_url: str, conn) -> None:
+    registry = HandlerRegistry()
+    running_now = 0
+    peak = 0
+
+    @registry.register("io")
+    async def io(session: Any, payload: dict[str, Any]) -> None:
+        nonlocal running_now, peak
+        running_now += 1
+        peak = max(peak, running_now)
+        await asyncio.sleep(0.05)
+        running_now -= 1
+
+    async with engine.begin() as s:
+        await enqueue_many(s, "io", [{} for _ in range(40)])
+    report = await drain(db_url, registry=registry, concurrency=4, batch_size=5)
+    assert report["processed"] == 40
+    assert peak == 4  # four lanes ran handlers at the same time
+    assert await _count(conn, "completed", 40)
+
+
