@@ -313,7 +313,11 @@ class JobRunner:
                 if not all_lanes.done():
                     await self._abandon_lanes(lanes)
             stopping.cancel()
-            await all_lanes  # re-raises a lane's unexpected error
+            if self._abandon.is_set():
+                await asyncio.gather(*lanes, return_exceptions=True)
+                all_lanes.exception()  # lanes cut off on purpose: their errors are expected
+            else:
+                await all_lanes  # re-raises a lane's unexpected error
         finally:
             upkeep.cancel()
             for task in lanes:
@@ -323,6 +327,7 @@ class JobRunner:
     async def _abandon_lanes(self, lanes: Sequence[asyncio.Task[None]]) -> None:
         """Grace is over: cut the lanes' connections so their transactions roll
         back (nothing half-done commits), then hand every job back."""
+        self._abandon.set()
         logger.warning("abandoning %d running lane(s); their jobs go back to the queue",
                        sum(not t.done() for t in lanes))
         async with self._control_lock:
@@ -442,7 +447,7 @@ class JobRunner:
             await self._hand_back(ids)
             return
         except Exception as exc:
-            if not _is_connection_error(exc):
+            if self._abandon.is_set() or not _is_connection_error(exc):
                 raise
             logger.error("lane connection lost mid-batch (%s); batch rolled back", exc)
             await self._hand_back(ids)

@@ -1,0 +1,54 @@
+"""The benchmark itself, small: it must run, lose nothing and report sane figures.
+
+It creates its own database (`jobqueue_bench`) on the test server, so it needs
+only `server_url`, not the per-test database of the other tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from jobqueue import bench, db
+
+
+@pytest.fixture
+async def bench_url(server_url: str) -> AsyncIterator[str]:
+    url = await bench.prepare_database(server_url)
+    yield url
+    await bench.drop_bench_database(server_url)
+
+
+def _ordered(result: dict, prefix: str) -> None:
+    p50, p95, p99 = (result[f"{prefix}p{q}_ms"] for q in (50, 95, 99))
+    assert 0 < p50 <= p95 <= p99
+
+
+async def test_drain_and_lone_job_latency(bench_url: str) -> None:
+    drained = await bench.drain_benchmark(bench_url, 50, batch_size=20)
+    assert drained["n"] == 50
+    assert drained["seconds"] > 0 and drained["jobs_per_sec"] > 0
+    assert (drained["batch_size"], drained["concurrency"]) == (20, 1)
+    _ordered(drained, "")
+    conn = await db.connect(bench_url)
+    try:
+        # drain_benchmark raises if any job is not completed; check it independently.
+        assert await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'completed'") == 50
+    finally:
+        await conn.close()
+
+    lone = await bench.lone_job_latency(bench_url, samples=5)
+    assert lone["samples"] == 5
+    _ordered(lone, "db_")
+    _ordered(lone, "client_")
+
+
+async def test_refuses_other_databases(server_url: str) -> None:
+    """It truncates `jobs`: never on a database that is not the benchmark's."""
+    with pytest.raises(ValueError, match="jobqueue_bench"):
+        await bench.drain_benchmark(db.with_database(server_url, "jobqueue"), 10)
+
+
+def test_percentiles_match_percentile_cont() -> None:
+    assert bench.percentiles([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((3.0, 4.8, 4.96))

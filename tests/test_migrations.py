@@ -1,0 +1,46 @@
+"""The migrations and the models describe the same schema."""
+
+from __future__ import annotations
+
+import asyncpg
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from jobqueue import db, migrations
+from jobqueue.models import Base
+
+
+async def test_models_and_migrations_agree(server_url: str) -> None:
+    url = await db.create_database(server_url, "jobqueue_migration_check", replace=True)
+    try:
+        await migrations.upgrade(url)
+        engine = create_async_engine(url)
+        async with engine.connect() as conn:
+            diff = await conn.run_sync(
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(sync, opts={
+                        "compare_type": True, "compare_server_default": True,
+                        "version_table": "jobqueue_alembic_version"}),
+                    Base.metadata))
+        await engine.dispose()
+        assert diff == []
+    finally:
+        await db.drop_database(server_url, "jobqueue_migration_check")
+
+
+async def test_migrating_twice_changes_nothing_and_the_trigger_exists(db_url: str) -> None:
+    await migrations.upgrade(db_url)
+    conn = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+    try:
+        assert await conn.fetchval("SELECT version_num FROM jobqueue_alembic_version") == "0001"
+        assert await conn.fetchval(
+            "SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_notify_insert'") == 1
+        constraints = {r["conname"] for r in await conn.fetch(
+            "SELECT conname FROM pg_constraint WHERE conrelid = 'jobs'::regclass")}
+        assert "ck_jobs_status" in constraints
+        index = await conn.fetchval(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'idx_jobs_pickable'")
+        assert "WHERE" in index and "pending" in index and "retrying" in index
+    finally:
+        await conn.close()
