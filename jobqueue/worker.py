@@ -300,22 +300,16 @@ class JobRunner:
     async def _work(self, engine: AsyncEngine) -> None:
         lanes = [asyncio.create_task(self._lane(engine, n)) for n in range(self.concurrency)]
         upkeep = asyncio.create_task(self._upkeep())
+        all_lanes: asyncio.Future[list[None]] = asyncio.gather(*lanes)
         try:
-            all_lanes = asyncio.gather(*lanes)
-            stopping = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait({all_lanes, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await self._until(all_lanes, self._stopping)
             if not all_lanes.done():
                 self.state = "stopping"
-                abandon = asyncio.ensure_future(self._abandon.wait())
-                await asyncio.wait({all_lanes, abandon}, timeout=self.grace_period,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                abandon.cancel()
+                await self._until(all_lanes, self._abandon, timeout=self.grace_period)
                 if not all_lanes.done():
                     await self._abandon_lanes(lanes)
-            stopping.cancel()
             if self._abandon.is_set():
                 await asyncio.gather(*lanes, return_exceptions=True)
-                all_lanes.exception()  # lanes cut off on purpose: their errors are expected
             else:
                 await all_lanes  # re-raises a lane's unexpected error
         finally:
@@ -323,6 +317,20 @@ class JobRunner:
             for task in lanes:
                 task.cancel()
             await asyncio.gather(upkeep, *lanes, return_exceptions=True)
+            if all_lanes.done() and not all_lanes.cancelled():
+                all_lanes.exception()  # retrieved: errors of lanes cut off on purpose
+
+    @staticmethod
+    async def _until(
+        work: asyncio.Future[Any], flag: asyncio.Event, timeout: float | None = None
+    ) -> None:
+        """Wait for `work` to finish or `flag` to be set, whichever comes first."""
+        flagged = asyncio.ensure_future(flag.wait())
+        try:
+            await asyncio.wait({work, flagged}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            flagged.cancel()
 
     async def _abandon_lanes(self, lanes: Sequence[asyncio.Task[None]]) -> None:
         """Grace is over: cut the lanes' connections so their transactions roll

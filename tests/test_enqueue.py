@@ -26,7 +26,8 @@ async def test_enqueue_is_invisible_until_commit_and_gone_on_rollback(
         async with s.begin():
             job_id = await enqueue(s, "send_email", {"to": "a@b.c"})
             assert await _jobs(conn) == 0  # another connection cannot see it yet
-        assert await conn.fetchval("SELECT job_type FROM jobs WHERE id = $1", job_id) == "send_email"
+        stored = await conn.fetchval("SELECT job_type FROM jobs WHERE id = $1", job_id)
+        assert stored == "send_email"
 
     async with sessions() as s:
         await s.begin()
