@@ -83,34 +83,43 @@ def bench_registry() -> HandlerRegistry:
     return registry
 
 
-async def prepare_database(url: str) -> str:
-    """Create `jobqueue_bench` on `url`'s server (replacing any leftover) and
-    migrate it; return its URL. Once per benchmark run: measurements in between
-    only truncate, so they all see the same schema and the same server state."""
+async def prepare_database(url: str, name: str = BENCH_DATABASE) -> str:
+    """Create the benchmark database on `url`'s server (replacing any leftover)
+    and migrate it; return its URL. Once per benchmark run: measurements in
+    between only truncate, so they all see the same schema and server state.
+
+    `name` must be `jobqueue_bench` or start with `jobqueue_bench_`; tests pass
+    a unique one, so they never drop the database of a `make bench` running on
+    the same server (dropping it WITH (FORCE) cuts that run's connections)."""
+    _check_name(name)
     server_url = db.database_url(url)
-    bench_url = await db.create_database(server_url, BENCH_DATABASE, replace=True)
+    bench_url = await db.create_database(server_url, name, replace=True)
     await migrations.upgrade(bench_url)
-    logger.info("benchmark database ready: %s", BENCH_DATABASE)
+    logger.info("benchmark database ready: %s", name)
     return bench_url
 
 
-async def drop_bench_database(url: str) -> None:
-    """Remove the benchmark's database; `url` is any database on that server."""
-    await db.drop_database(db.database_url(url), BENCH_DATABASE)
+async def drop_bench_database(url: str, name: str = BENCH_DATABASE) -> None:
+    """Remove a benchmark database; `url` is any database on that server."""
+    _check_name(name)
+    await db.drop_database(db.database_url(url), name)
+
+
+def _check_name(name: str | None) -> str:
+    """The benchmark TRUNCATEs `jobs` and drops its database; pointed at a real
+    queue by mistake it would destroy it, so only its own names are accepted."""
+    if not name or not (name == BENCH_DATABASE or name.startswith(BENCH_DATABASE + "_")):
+        raise ValueError(
+            f"the benchmark truncates `jobs`, so it only runs on database {BENCH_DATABASE!r} "
+            f"or {BENCH_DATABASE + '_*'!r} (from prepare_database), not {name!r}"
+        )
+    return name
 
 
 def _bench_url(url: str) -> str:
-    """The normalised URL, after checking it names the benchmark's database.
-
-    The benchmark TRUNCATEs `jobs`; pointed at a real queue by mistake it would
-    delete its jobs, so anything but `jobqueue_bench` is refused."""
+    """The normalised URL, after checking it names a benchmark database."""
     normalised = db.database_url(url)
-    name = make_url(normalised).database
-    if name != BENCH_DATABASE:
-        raise ValueError(
-            f"the benchmark truncates `jobs`, so it only runs on database {BENCH_DATABASE!r} "
-            f"(from prepare_database), not {name!r}"
-        )
+    _check_name(make_url(normalised).database)
     return normalised
 
 

@@ -1,11 +1,14 @@
 """The benchmark itself, small: it must run, lose nothing and report sane figures.
 
-It creates its own database (`jobqueue_bench`) on the test server, so it needs
-only `server_url`, not the per-test database of the other tests.
+It creates its own database on the test server, so it needs only
+`server_url`, not the per-test database of the other tests. The name is unique
+(`jobqueue_bench_<hex>`): the fixed `jobqueue_bench` belongs to `make bench`,
+and dropping it while a benchmark runs on the same server would kill that run.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,9 +18,9 @@ from jobqueue import bench, db
 
 @pytest.fixture
 async def bench_url(server_url: str) -> AsyncIterator[str]:
-    url = await bench.prepare_database(server_url)
-    yield url
-    await bench.drop_bench_database(server_url)
+    name = f"{bench.BENCH_DATABASE}_{uuid.uuid4().hex[:12]}"
+    yield await bench.prepare_database(server_url, name)
+    await bench.drop_bench_database(server_url, name)
 
 
 def _ordered(result: dict, prefix: str) -> None:
@@ -46,8 +49,11 @@ async def test_drain_and_lone_job_latency(bench_url: str) -> None:
 
 async def test_refuses_other_databases(server_url: str) -> None:
     """It truncates `jobs`: never on a database that is not the benchmark's."""
+    for name in ("jobqueue", "jobqueue_benchmark_of_prod"):
+        with pytest.raises(ValueError, match="jobqueue_bench"):
+            await bench.drain_benchmark(db.with_database(server_url, name), 10)
     with pytest.raises(ValueError, match="jobqueue_bench"):
-        await bench.drain_benchmark(db.with_database(server_url, "jobqueue"), 10)
+        await bench.prepare_database(server_url, "jobqueue")
 
 
 def test_percentiles_match_percentile_cont() -> None:
