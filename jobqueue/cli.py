@@ -105,6 +105,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         runner = JobRunner(
             concurrency=args.concurrency,
             batch_size=args.batch_size,
+            shared=args.shared,
+            lease=args.lease,
+            keep_completed=args.keep_completed_days * 86_400,
+            keep_failed=args.keep_failed_days * 86_400,
             poll_interval=args.poll_interval,
             grace_period=args.grace_period,
             burst=args.burst,
@@ -172,7 +176,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append("")
     if s["workers"]:
         lines.append("workers")
-        lines += [f"  {'*' if w['active'] else ' '} {w['name']}" for w in s["workers"]]
+        lines += [f"  {w['state']:<8} {w['id']:>10}  {w['name']}  "
+                  f"(heartbeat {w['heartbeat_age_seconds']:.1f}s ago)" for w in s["workers"]]
     else:
         lines.append("workers     none running")
     return "\n".join(lines)
@@ -218,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--concurrency", type=int, default=1, help="lanes running side by side")
     s.add_argument("--batch-size", type=int, default=100,
                    help="most jobs one lane claims and commits at once")
+    s.add_argument("--shared", action="store_true",
+                   help="work alongside other workers instead of one active and standbys")
+    s.add_argument("--lease", type=float, default=5.0,
+                   help="seconds without a heartbeat before a worker counts as hung")
+    s.add_argument("--keep-completed-days", type=float, default=7.0,
+                   help="days completed jobs are kept before pruning")
+    s.add_argument("--keep-failed-days", type=float, default=30.0,
+                   help="days failed jobs are kept before pruning")
     s.add_argument("--poll-interval", type=float, default=1.0,
                    help="seconds between looks at the table without a notification")
     s.add_argument("--grace-period", type=float, default=30.0,

@@ -132,3 +132,29 @@ class Job(Base):
             postgresql_where=text("completed_at IS NOT NULL"),
         ),
     )
+
+
+class Worker(Base):
+    """A running worker, as it announces itself.
+
+    The heartbeat bounds how long a hung worker (stopped, or its event loop
+    blocked) can keep jobs: past the lease, another worker fences it off.
+    """
+
+    __tablename__ = "jobqueue_workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(200))
+    mode: Mapped[str] = mapped_column(String(20))
+    state: Mapped[str] = mapped_column(String(20), server_default=text("'standby'"))
+    started_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    heartbeat_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+
+    __table_args__ = (
+        CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
+        CheckConstraint("state IN ('standby', 'active', 'shared')", name="state"),
+    )

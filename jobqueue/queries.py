@@ -54,6 +54,10 @@ class Query:
     async def fetchval(self, conn: asyncpg.Connection, **values: Any) -> Any:
         return await conn.fetchval(self.positional, *self.args(values))
 
+    async def execute(self, conn: asyncpg.Connection, **values: Any) -> str:
+        """Run it for its effect; returns the command tag (`DELETE 42`)."""
+        return await conn.execute(self.positional, *self.args(values))
+
 
 def _parse(source: str) -> dict[str, Query]:
     found: dict[str, Query] = {}

@@ -92,24 +92,80 @@ FROM (SELECT count(*) AS n FROM back) AS c;
 -- Return to the queue the jobs of workers that are gone. A live worker holds
 -- an advisory lock (class :worker_lock_class, key = its id) on its own
 -- connection for as long as it lives; PostgreSQL drops that lock the moment
--- the connection dies, so a missing lock means a dead worker.
-WITH back AS (
+-- the connection dies, so a missing lock means a dead worker. The live ids
+-- are read from pg_locks once, not once per job.
+WITH live AS MATERIALIZED (
+    SELECT CAST(objid AS bigint) AS worker_id
+    FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 2
+      AND classid = CAST(:worker_lock_class AS oid)
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), back AS (
     UPDATE jobs AS j
     SET status = CASE WHEN j.retry_count > 0 THEN 'retrying' ELSE 'pending' END,
         started_at = NULL, worker_id = NULL
     WHERE j.status = 'processing'
-      AND NOT EXISTS (
-          SELECT 1 FROM pg_locks AS l
-          WHERE l.locktype = 'advisory'
-            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-            AND l.classid = CAST(:worker_lock_class AS oid)
-            AND l.objid = CAST(j.worker_id AS oid)
-            AND l.objsubid = 2
-            AND l.granted)
+      AND NOT EXISTS (SELECT 1 FROM live WHERE live.worker_id = j.worker_id)
     RETURNING j.id
 )
 SELECT n, CASE WHEN n > 0 THEN pg_notify('jobqueue', '') END AS notified
 FROM (SELECT count(*) AS n FROM back) AS c;
+
+-- register_worker --
+-- A worker introduces itself; its heartbeat starts now.
+INSERT INTO jobqueue_workers (id, name, mode, state)
+VALUES (:id, :name, :mode, 'standby')
+ON CONFLICT (id) DO UPDATE
+SET name = EXCLUDED.name, mode = EXCLUDED.mode, state = 'standby',
+    started_at = now(), heartbeat_at = now();
+
+-- heartbeat --
+-- "Still here", on the database clock. No row back means this worker was
+-- fenced (declared hung) and must start over.
+UPDATE jobqueue_workers SET heartbeat_at = now(), state = :state
+WHERE id = :id
+RETURNING id;
+
+-- fence --
+-- Cut off workers whose heartbeat is older than :lease seconds (hung, or
+-- dead on a machine that vanished): terminate every backend they own, which
+-- drops their locks and rolls back their open transactions, then forget them.
+-- Their jobs are then rescued like a dead worker's.
+WITH stale AS (
+    DELETE FROM jobqueue_workers
+    WHERE heartbeat_at < now() - make_interval(secs => :lease) AND id <> :self_id
+    RETURNING id
+)
+SELECT s.id,
+       (SELECT count(*) FROM pg_stat_activity AS a
+        WHERE a.application_name LIKE 'jobqueue worker ' || s.id || ' %'
+          AND pg_terminate_backend(a.pid)) AS terminated
+FROM stale AS s;
+
+-- terminate_lanes --
+-- Cut the lane connections of worker :id: their open transactions roll back.
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS terminated
+FROM pg_stat_activity
+WHERE application_name LIKE 'jobqueue worker ' || CAST(:id AS integer) || ' lane%';
+
+-- unregister_worker --
+-- A worker that stops cleanly says goodbye.
+DELETE FROM jobqueue_workers WHERE id = :id;
+
+-- try_lock --
+-- Take a session lock if nobody holds it: the active worker's lock, or the
+-- maintenance leader's.
+SELECT pg_try_advisory_lock(:lock_class, :key) AS locked;
+
+-- prune --
+-- Delete finished jobs past their retention, a bounded slice at a time.
+DELETE FROM jobs
+WHERE id IN (
+    SELECT id FROM jobs
+    WHERE completed_at < now() - make_interval(secs => :keep_completed) AND status = 'completed'
+       OR completed_at < now() - make_interval(secs => :keep_failed) AND status = 'failed'
+    LIMIT :limit
+);
 
 -- next_due --
 -- Seconds until the earliest waiting job is due (negative: overdue; NULL: none).
@@ -125,10 +181,6 @@ SELECT pg_try_advisory_lock(:lock_class, :worker_id) AS locked;
 -- Wait to become the one active worker; returns the moment the holder's
 -- connection releases the lock or dies.
 SELECT pg_advisory_lock(:lock_class, :key);
-
--- try_lock_active --
--- Become the active worker if nobody is.
-SELECT pg_try_advisory_lock(:lock_class, :key) AS locked;
 
 -- unlock_all --
 -- Let go of every session lock this connection holds.
@@ -159,18 +211,12 @@ WHERE (j.status IN ('pending', 'processing', 'retrying')
        OR j.completed_at >= now() - make_interval(secs => :window))
   AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window);
 
--- active_workers --
--- Workers alive now, and which one holds the active lock.
-SELECT a.pid, a.application_name, a.client_addr, a.backend_start,
-       EXISTS (SELECT 1 FROM pg_locks AS x
-               WHERE x.pid = a.pid AND x.locktype = 'advisory' AND x.granted
-                 AND x.classid = CAST(:lock_class AS oid)
-                 AND x.objid = CAST(:key AS oid)) AS active
-FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid = CAST(:worker_lock_class AS oid)
-ORDER BY a.backend_start;
+-- workers --
+-- Workers that announced themselves, with their heartbeat's age.
+SELECT id, name, mode, state, started_at,
+       extract(epoch FROM now() - heartbeat_at) AS heartbeat_age
+FROM jobqueue_workers
+ORDER BY started_at;
 
 -- get_job --
 -- One job, everything about it.

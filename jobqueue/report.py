@@ -17,7 +17,6 @@ import asyncpg
 from jobqueue import db
 from jobqueue.models import STATUS_VALUES
 from jobqueue.queries import queries
-from jobqueue.worker import ACTIVE_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
 
 
 def _ms(values: list[float] | None) -> dict[str, float | None]:
@@ -34,9 +33,7 @@ async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict
         counts[row["status"]] = row["n"]
     recent = await queries["recent_finished"].fetchrow(conn, window=window)
     failed_attempts = await queries["recent_failed_attempts"].fetchval(conn, window=window)
-    workers = await queries["active_workers"].fetch(
-        conn, lock_class=LOCK_CLASS, key=ACTIVE_KEY, worker_lock_class=WORKER_LOCK_CLASS
-    )
+    workers = await queries["workers"].fetch(conn)
     assert recent is not None
     attempts = recent["completed"] + failed_attempts
     return {
@@ -53,8 +50,9 @@ async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict
             "run_time_ms": _ms(recent["run_time"]),
         },
         "workers": [
-            {"pid": w["pid"], "name": w["application_name"], "active": w["active"],
-             "since": w["backend_start"].isoformat()}
+            {"id": w["id"], "name": w["name"], "mode": w["mode"], "state": w["state"],
+             "since": w["started_at"].isoformat(),
+             "heartbeat_age_seconds": round(float(w["heartbeat_age"]), 3)}
             for w in workers
         ],
     }

@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jobqueue.lane import Outcomes
 
 # Buckets grow by 2 % from 1 µs; 1,400 buckets reach past a day.
 _SMALLEST = 1e-6
@@ -82,7 +85,21 @@ class WorkerStats:
     stopped: float | None = None
 
     def start_clock(self) -> None:
-        self.started = time.perf_counter()
+        if self.started is None:
+            self.started = time.perf_counter()
+
+    def count_batch(self, out: Outcomes, latencies: list[float]) -> None:
+        """Add a committed batch's outcomes."""
+        self.batches += 1
+        self.completed += len(out.done_ids)
+        retried = sum(out.retry)
+        self.retried += retried
+        self.failed += len(out.failed_ids) - retried
+        self.handed_back += len(out.not_started)
+        for seconds in out.handler_times:
+            self.handler_time.add(seconds)
+        for seconds in latencies:
+            self.latency.add(seconds)
 
     def stop_clock(self) -> None:
         self.stopped = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncpg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from jobqueue import db, migrations
@@ -33,7 +34,8 @@ async def test_migrating_twice_changes_nothing_and_the_trigger_exists(db_url: st
     await migrations.upgrade(db_url)
     conn = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
     try:
-        assert await conn.fetchval("SELECT version_num FROM jobqueue_alembic_version") == "0001"
+        head = ScriptDirectory.from_config(migrations.alembic_config()).get_current_head()
+        assert await conn.fetchval("SELECT version_num FROM jobqueue_alembic_version") == head
         assert await conn.fetchval(
             "SELECT count(*) FROM pg_trigger WHERE tgname = 'jobs_notify_insert'") == 1
         constraints = {r["conname"] for r in await conn.fetch(

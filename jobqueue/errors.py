@@ -1,0 +1,64 @@
+"""Telling a lost connection from a real error, and waiting before retrying."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import asyncpg
+from sqlalchemy.exc import DBAPIError
+
+# What a restart, a dropped connection or an unreachable server looks like.
+# 57P01-57P03 (admin shutdown, crash shutdown, cannot connect now) arrive as
+# errors from the server itself.
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        if isinstance(current, DBAPIError) and current.orig is not None:
+            current = current.orig
+        else:
+            current = current.__cause__
+    return seen
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when the database went away (retry later), not when a statement
+    or a handler failed on its own."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return any(isinstance(e, _CONNECTION_ERRORS) for e in _causes(exc))
+
+
+def one_line(exc: BaseException) -> str:
+    """The innermost cause, on one line, for a log or an error message."""
+    root = _causes(exc)[-1]
+    text = str(root).strip().splitlines()
+    return f"{type(root).__name__}: {text[0]}" if text else type(root).__name__
+
+
+class Backoff:
+    """Exponential delays with jitter for reconnecting: 0.1 s, 0.2 s, … 5 s."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first = first
+        self.cap = cap
+        self.attempt = 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.first * 2**self.attempt)
+        self.attempt += 1
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self.attempt = 0

@@ -1,0 +1,17 @@
+"""The advisory locks and the channel jobqueue uses, in one place.
+
+Advisory locks are named by two 32-bit integers (class, key). jobqueue owns
+two classes; pick other numbers for your own locks in the same database.
+"""
+
+#: Class of the queue's own locks.
+LOCK_CLASS = 74_171
+#: Key of the lock only the one active worker holds (exclusive mode).
+ACTIVE_KEY = 0
+#: Key of the lock the maintenance leader holds (rescue, pruning).
+LEADER_KEY = 1
+#: Class of liveness locks: each worker holds (WORKER_LOCK_CLASS, its id) for
+#: as long as it lives, on its own connection.
+WORKER_LOCK_CLASS = 74_172
+#: The channel new jobs are announced on (a trigger on `jobs` notifies it).
+CHANNEL = "jobqueue"
