@@ -43,9 +43,11 @@ async def rescue(conn: asyncpg.Connection) -> int:
 
 
 async def fence(conn: asyncpg.Connection, lease: float, self_id: int) -> list[tuple[int, int]]:
-    """Workers whose lease ran out, cut off: [(worker id, backends terminated)]."""
-    rows = await queries["fence"].fetch(conn, lease=lease, self_id=self_id)
-    return [(r["id"], r["terminated"]) for r in rows]
+    """Workers whose lease ran out, cut off: [(worker id, backends terminated)].
+    Crashed workers (no liveness lock) are forgotten on the way, silently."""
+    rows = await queries["fence"].fetch(
+        conn, lease=lease, self_id=self_id, worker_lock_class=WORKER_LOCK_CLASS)
+    return [(r["id"], r["terminated"]) for r in rows if r["hung"]]
 
 
 async def prune(conn: asyncpg.Connection, keep_completed: float, keep_failed: float) -> int:

@@ -127,26 +127,41 @@ WHERE id = :id
 RETURNING id;
 
 -- fence --
--- Cut off workers whose heartbeat is older than :lease seconds (hung, or
--- dead on a machine that vanished): terminate every backend they own, which
--- drops their locks and rolls back their open transactions, then forget them.
--- Their jobs are then rescued like a dead worker's.
-WITH stale AS (
-    DELETE FROM jobqueue_workers
-    WHERE heartbeat_at < now() - make_interval(secs => :lease) AND id <> :self_id
-    RETURNING id
+-- Cut off workers whose heartbeat is older than :lease seconds (hung, or on a
+-- machine that vanished): terminate every backend they own, which drops
+-- their locks and rolls back their open transactions, then forget them; their
+-- jobs are then rescued like a dead worker's. Workers whose liveness lock is
+-- already gone (crashed) are simply forgotten. The victims are chosen first,
+-- in a materialized CTE: pg_terminate_backend must never run for a row that
+-- merely has not been filtered out yet.
+WITH live AS MATERIALIZED (
+    SELECT CAST(objid AS bigint) AS worker_id
+    FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 2
+      AND classid = CAST(:worker_lock_class AS oid)
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), stale AS (
+    DELETE FROM jobqueue_workers AS w
+    WHERE w.id <> :self_id
+      AND (w.heartbeat_at < now() - make_interval(secs => :lease)
+           OR NOT EXISTS (SELECT 1 FROM live WHERE live.worker_id = w.id))
+    RETURNING w.id, EXISTS (SELECT 1 FROM live WHERE live.worker_id = w.id) AS hung
+), victims AS MATERIALIZED (
+    SELECT s.id, a.pid
+    FROM stale AS s
+    JOIN pg_stat_activity AS a ON a.application_name LIKE 'jobqueue worker ' || s.id || ' %'
+    WHERE s.hung AND a.datname = current_database()
 )
-SELECT s.id,
-       (SELECT count(*) FROM pg_stat_activity AS a
-        WHERE a.application_name LIKE 'jobqueue worker ' || s.id || ' %'
-          AND pg_terminate_backend(a.pid)) AS terminated
-FROM stale AS s;
+SELECT s.id, s.hung, count(v.pid) FILTER (WHERE pg_terminate_backend(v.pid)) AS terminated
+FROM stale AS s LEFT JOIN victims AS v ON v.id = s.id
+GROUP BY s.id, s.hung;
 
 -- terminate_lanes --
 -- Cut the lane connections of worker :id: their open transactions roll back.
 SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS terminated
 FROM pg_stat_activity
-WHERE application_name LIKE 'jobqueue worker ' || CAST(:id AS integer) || ' lane%';
+WHERE application_name LIKE 'jobqueue worker ' || CAST(:id AS integer) || ' lane%'
+  AND datname = current_database();
 
 -- unregister_worker --
 -- A worker that stops cleanly says goodbye.

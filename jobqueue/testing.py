@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.worker import JobRunner
@@ -50,3 +55,40 @@ async def drain(
     options.setdefault("install_signal_handlers", False)
     runner = JobRunner(database_url, registry=registry, burst=True, **options)
     return await runner.run()
+
+
+class WorkerProcess:
+    """A real `jobqueue worker` process: for tests and benchmarks that are
+    about processes (signals, crashes, takeover). Output goes to `log_path`."""
+
+    def __init__(self, database_url: str, log_path: Path, *args: str,
+                 cwd: Path | None = None) -> None:
+        self.log_path = log_path
+        env = {**os.environ, "DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
+        self._log: IO[str] = open(log_path, "w")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jobqueue", "worker", *args],
+            cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    async def wait(self, timeout: float = 30.0) -> int:
+        """The exit code, once the process has ended."""
+        return await asyncio.to_thread(self.proc.wait, timeout)
+
+    def close(self) -> None:
+        """Make sure the process is gone (SIGCONT first, in case it was stopped)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()

@@ -9,8 +9,6 @@ their own database.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobqueue import db, embedded, examples, migrations
+from jobqueue.testing import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "jobqueue_test_template"
@@ -86,36 +85,11 @@ async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     """A plain asyncpg connection for looking at the tables."""
     c = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
     yield c
-    await c.close()
-
-
-class WorkerProcess:
-    """A real `jobqueue worker` process on a test database."""
-
-    def __init__(self, db_url: str, log_path: Path, *args: str) -> None:
-        self.log_path = log_path
-        env = {**os.environ, "DATABASE_URL": db_url, "PYTHONUNBUFFERED": "1"}
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jobqueue", "worker", "--import", "tests.handlers", *args],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def wait(self, timeout: float = 30) -> int:
-        return self.proc.wait(timeout)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
+    if not c.is_closed():  # a test may have restarted the server under it
+        try:
+            await c.close(timeout=5)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            c.terminate()
 
 
 @pytest.fixture
@@ -123,7 +97,8 @@ def spawn_worker(db_url: str, tmp_path: Path) -> Iterator[object]:
     started: list[WorkerProcess] = []
 
     def spawn(*args: str) -> WorkerProcess:
-        w = WorkerProcess(db_url, tmp_path / f"worker-{len(started)}.log", *args)
+        w = WorkerProcess(db_url, tmp_path / f"worker-{len(started)}.log",
+                          "--import", "tests.handlers", *args, cwd=ROOT)
         started.append(w)
         return w
 

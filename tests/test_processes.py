@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 
@@ -10,7 +9,7 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import enqueue_many
-from jobqueue.testing import wait_for
+from jobqueue.testing import WorkerProcess, wait_for
 from jobqueue.worker import ACTIVE_KEY, LOCK_CLASS
 
 TIMEOUT = 30
@@ -23,7 +22,9 @@ async def _started(conn: asyncpg.Connection, n: int = 1) -> bool:
 async def _active_lock_holders(conn: asyncpg.Connection) -> int:
     return await conn.fetchval(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-        "AND classid = $1 AND objid = $2 AND objsubid = 2", LOCK_CLASS, ACTIVE_KEY)
+        "AND classid = $1 AND objid = $2 AND objsubid = 2 AND database = "
+        "(SELECT oid FROM pg_database WHERE datname = current_database())",
+        LOCK_CLASS, ACTIVE_KEY)
 
 
 def _final_report(log: str) -> dict:
@@ -32,8 +33,8 @@ def _final_report(log: str) -> dict:
     return json.loads(line.split(" stopped: ", 1)[1])
 
 
-async def _wait_exit(worker: object, timeout: float = TIMEOUT) -> int:
-    return await asyncio.to_thread(worker.wait, timeout)  # type: ignore[attr-defined]
+async def _wait_exit(worker: WorkerProcess, timeout: float = TIMEOUT) -> int:
+    return await worker.wait(timeout)
 
 
 async def test_sigterm_finishes_the_running_job_and_hands_back_the_rest(
@@ -109,7 +110,8 @@ async def test_only_one_worker_process_is_active_and_it_did_all_the_work(
     await wait_for(lambda: _active_lock_holders(conn), timeout=TIMEOUT, message="an active worker")
     await wait_for(
         lambda: conn.fetchval("SELECT count(*) FROM pg_stat_activity "
-                              "WHERE application_name LIKE 'jobqueue worker % standby %'"),
+                              "WHERE application_name LIKE 'jobqueue worker % standby %' "
+                              "AND datname = current_database()"),
         timeout=TIMEOUT, message="a standby worker")
     async with engine.begin() as s:
         await enqueue_many(s, "effect", [{} for _ in range(30)])
@@ -124,7 +126,8 @@ async def test_only_one_worker_process_is_active_and_it_did_all_the_work(
     # The jobs carry the id of the worker whose connection holds the active lock.
     active_name = await conn.fetchval(
         "SELECT application_name FROM pg_stat_activity "
-        "WHERE application_name LIKE 'jobqueue worker % active %'")
+        "WHERE application_name LIKE 'jobqueue worker % active %' "
+        "AND datname = current_database()")
     worker_ids = await conn.fetch("SELECT DISTINCT worker_id FROM jobs")
     assert [str(r["worker_id"]) for r in worker_ids] == [active_name.split()[2]]
     assert active_name.endswith(f":{active_pid}")

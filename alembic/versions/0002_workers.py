@@ -8,7 +8,6 @@ Create Date: 2026-11-29
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-
 from alembic import op
 
 revision: str = "0002"
@@ -29,7 +28,8 @@ def upgrade() -> None:
                   nullable=False),
         sa.Column("heartbeat_at", sa.DateTime(timezone=True), server_default=sa.text("now()"),
                   nullable=False),
-        sa.CheckConstraint("mode IN ('exclusive', 'shared')", name=op.f("ck_jobqueue_workers_mode")),
+        sa.CheckConstraint("mode IN ('exclusive', 'shared')",
+                           name=op.f("ck_jobqueue_workers_mode")),
         sa.CheckConstraint("state IN ('standby', 'active', 'shared')",
                            name=op.f("ck_jobqueue_workers_state")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_jobqueue_workers")),
