@@ -188,24 +188,32 @@ async def test_dropped_lane_and_control_connections(
     assert "lost its connection" in worker.log() and "starting over" in worker.log()
 
 
-async def test_shared_mode_workers_share_and_survive_a_crash(
-    engine: AsyncEngine, spawn_worker, conn: asyncpg.Connection
-) -> None:
-    a = spawn_worker("--shared", "--batch-size", "5")
-    b = spawn_worker("--shared", "--batch-size", "5")
+async def two_shared_workers_at_work(
+    engine: AsyncEngine, spawn_worker, conn: asyncpg.Connection, n: int, sleep: float,
+    *args: str,
+) -> tuple[WorkerProcess, WorkerProcess]:
+    """Two --shared workers, n jobs enqueued, both seen running jobs."""
+    a, b = (spawn_worker("--shared", "--batch-size", "5", *args) for _ in range(2))
     for w in (a, b):
         await wait_for(lambda w=w: state_of(conn, w, "shared"), timeout=TIMEOUT, message="shared")
     async with engine.begin() as s:
-        await enqueue_many(s, "effect", [{"sleep": 0.02} for _ in range(150)])
+        await enqueue_many(s, "effect", [{"sleep": sleep} for _ in range(n)])
     await wait_for(
         lambda: conn.fetchval("SELECT count(DISTINCT worker_pid) = 2 FROM events"),
         timeout=TIMEOUT, message="both workers working at once")
+    return a, b
 
+
+async def test_shared_mode_workers_share_and_survive_a_crash(
+    engine: AsyncEngine, spawn_worker, conn: asyncpg.Connection
+) -> None:
+    a, b = await two_shared_workers_at_work(engine, spawn_worker, conn, 150, 0.02)
     a.signal(signal.SIGKILL)
     await wait_for(lambda: _at_least(completed(conn), 150), timeout=TIMEOUT,
                    message="every job completed after one shared worker died")
     await assert_nothing_lost_nothing_doubled(conn, 150)
-    assert await conn.fetchval("SELECT count(*) FROM jobqueue_workers") == 1  # a was forgotten
+    await wait_for(lambda: conn.fetchval("SELECT count(*) = 1 FROM jobqueue_workers"),
+                   timeout=TIMEOUT, message="the dead worker to be forgotten")
     b.signal(signal.SIGTERM)
     assert await b.wait(TIMEOUT) == 0
 
@@ -213,19 +221,12 @@ async def test_shared_mode_workers_share_and_survive_a_crash(
 async def test_shared_mode_fences_a_hung_worker(
     engine: AsyncEngine, spawn_worker, conn: asyncpg.Connection
 ) -> None:
-    a = spawn_worker("--shared", "--batch-size", "5", "--lease", "1.5")
-    b = spawn_worker("--shared", "--batch-size", "5", "--lease", "1.5")
-    for w in (a, b):
-        await wait_for(lambda w=w: state_of(conn, w, "shared"), timeout=TIMEOUT, message="shared")
-    async with engine.begin() as s:
-        await enqueue_many(s, "effect", [{"sleep": 0.05} for _ in range(60)])
-    await wait_for(
-        lambda: conn.fetchval("SELECT count(DISTINCT worker_pid) = 2 FROM events"),
-        timeout=TIMEOUT, message="both workers working at once")
-
+    a, b = await two_shared_workers_at_work(engine, spawn_worker, conn, 60, 0.05,
+                                            "--lease", "1.5")
     a.signal(signal.SIGSTOP)
     await wait_for(lambda: _at_least(completed(conn), 60), timeout=TIMEOUT,
                    message="every job completed while one shared worker is stopped")
+    assert "fenced off worker" in b.log()
     a.signal(signal.SIGCONT)
     await wait_for(lambda: state_of(conn, a, "shared"), timeout=TIMEOUT,
                    message="the woken worker to rejoin")
