@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import json
 import logging
@@ -198,26 +199,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="jobqueue", description="A job queue that needs nothing but PostgreSQL."
     )
+    levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
     p.add_argument("--log-level", default=os.environ.get("JOBQUEUE_LOG_LEVEL", "INFO"),
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity")
+                   choices=levels, help="log verbosity")
+    # Also accepted after the command (`jobqueue worker --log-level WARNING`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=levels,
+                        help="log verbosity")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add = functools.partial(sub.add_parser, parents=[common])
 
-    s = sub.add_parser("db", help="start, stop or locate the embedded PostgreSQL 16")
+    s = add("db", help="start, stop or locate the embedded PostgreSQL 16")
     s.add_argument("action", choices=["up", "down", "url"])
     s.set_defaults(func=cmd_db)
 
-    s = sub.add_parser("migrate", help="bring the database schema up to date (alembic)")
+    s = add("migrate", help="bring the database schema up to date (alembic)")
     s.add_argument("--revision", default="head", help="target revision (default: head)")
     s.set_defaults(func=cmd_migrate)
 
-    s = sub.add_parser("enqueue", help="add a job and print its id")
+    s = add("enqueue", help="add a job and print its id")
     s.add_argument("job_type", metavar="TYPE")
     s.add_argument("--payload", default="{}", help="a JSON object (default: {})")
     s.add_argument("--max-retries", type=int, default=3, help="retries after the first attempt")
     s.add_argument("--run-at", help="when the job is due, ISO 8601 with a time zone")
     s.set_defaults(func=cmd_enqueue)
 
-    s = sub.add_parser("worker", help="run jobs until SIGTERM or SIGINT")
+    s = add("worker", help="run jobs until SIGTERM or SIGINT")
     s.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="a module that registers handlers (repeatable)")
     s.add_argument("--concurrency", type=int, default=1, help="lanes running side by side")
@@ -243,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the final report as JSON")
     s.set_defaults(func=cmd_worker)
 
-    s = sub.add_parser("status", help="counts by status and recent figures, or one job")
+    s = add("status", help="counts by status and recent figures, or one job")
     s.add_argument("job_id", nargs="?", metavar="JOB_ID")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--window", type=float, default=300.0,
