@@ -16,9 +16,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,lab,api]'
 	touch $(STAMP)
 
-## test: every test against the embedded PostgreSQL 16 (or DATABASE_URL)
+## test: every test and notebook against the embedded PostgreSQL 16 (or DATABASE_URL);
+## the embedded server is stopped again afterwards if this run started it
 test: setup
-	$(BIN)/python -m pytest
+	@up=0; [ -n "$$DATABASE_URL" ] || ! $(BIN)/jobqueue db url >/dev/null 2>&1 || up=1; \
+	status=0; \
+	$(BIN)/python -m pytest || status=$$?; \
+	if ls notebooks/lessons/*.ipynb >/dev/null 2>&1; then \
+		$(BIN)/python -m pytest --nbval notebooks/lessons \
+			--nbval-sanitize-with notebooks/sanitize.cfg || status=$$?; fi; \
+	if ls notebooks/benchmarks/*.ipynb >/dev/null 2>&1; then \
+		JOBQUEUE_LAB_SIZE=smoke $(BIN)/python -m pytest --nbval-lax notebooks/benchmarks \
+			|| status=$$?; fi; \
+	[ -n "$$DATABASE_URL" ] || [ $$up = 1 ] || $(BIN)/jobqueue db down; \
+	exit $$status
 
 ## bench: drain 100, 1,000 and 10,000 no-op jobs with one worker and print the table
 bench: setup
