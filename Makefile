@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test bench lab lint db-up db-down clean
+.PHONY: setup test bench bench-quick lab lint db-up db-down clean
 
 ## setup: build .venv with jobqueue and every extra (idempotent)
 setup: $(STAMP)
@@ -31,8 +31,16 @@ test: setup
 	[ -n "$$DATABASE_URL" ] || [ $$up = 1 ] || $(BIN)/jobqueue db down; \
 	exit $$status
 
-## bench: drain 100, 1,000 and 10,000 no-op jobs with one worker and print the table
+## bench: run every benchmark notebook at full size, then render BENCHMARKS.md and its plots
+BENCH_NOTEBOOKS := throughput latency recovery
 bench: setup
+	cd notebooks/benchmarks && for nb in $(BENCH_NOTEBOOKS); do \
+		JOBQUEUE_LAB_SIZE=full ../../$(BIN)/jupyter nbconvert --to notebook --execute \
+			--inplace --ExecutePreprocessor.timeout=3600 $$nb.ipynb || exit 1; done
+	$(BIN)/python -m jobqueue.benchmarks.report
+
+## bench-quick: the core numbers in a minute, no Jupyter (drain 100/1,000/10,000 jobs, lone-job latency)
+bench-quick: setup
 	$(BIN)/python -m jobqueue.bench
 
 ## lab: JupyterLab on notebooks/, with the database up

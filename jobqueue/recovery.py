@@ -63,8 +63,13 @@ async def recovery_trial(
     job_seconds: float = 0.005,
     batch_size: int = 10,
     log_dir: Path | None = None,
+    keep_timeline: bool = False,
 ) -> dict[str, Any]:
-    """One crash (or hang) of the active worker under load; seconds to recover."""
+    """One crash (or hang) of the active worker under load; seconds to recover.
+
+    keep_timeline: also return completions per 100 ms by worker ("first" was
+    active, "second" stood by) from 1 s before the signal to 1 s after the
+    standby's first completion."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-recovery-"))
     args = ("--import", "jobqueue.bench_handlers", "--batch-size", str(batch_size),
             "--lease", str(lease), "--log-level", "WARNING")
@@ -98,8 +103,22 @@ async def recovery_trial(
         in_flight = await conn.fetchval(
             "SELECT count(*) FROM jobs WHERE status = 'processing' AND worker_id <> $1",
             standby_id)
-        return {"signal": sig.name, "seconds": (first - signalled).total_seconds(),
-                "lease": lease, "batch_size": batch_size, "left_processing": in_flight}
+        result: dict[str, Any] = {
+            "signal": sig.name, "seconds": (first - signalled).total_seconds(),
+            "lease": lease, "batch_size": batch_size, "left_processing": in_flight}
+        if keep_timeline:
+            await wait_for(lambda: conn.fetchval(
+                "SELECT clock_timestamp() > $1::timestamptz + interval '1 second'", first),
+                timeout=10, interval=0.05, message="a second of work after recovery")
+            rows = await conn.fetch(
+                "SELECT CASE WHEN worker_id = $1 THEN 'second' ELSE 'first' END AS worker,"
+                " CAST(floor(extract(epoch FROM completed_at - $2) * 10) / 10 AS float8) AS t,"
+                " count(*) AS jobs FROM jobs"
+                " WHERE completed_at BETWEEN $2::timestamptz - interval '1 second'"
+                " AND $3::timestamptz + interval '1 second'"
+                " GROUP BY 1, 2 ORDER BY 2, 1", standby_id, signalled, first)
+            result["timeline"] = [dict(r) for r in rows]
+        return result
     finally:
         for w in workers:
             w.close()

@@ -1,0 +1,84 @@
+"""The benchmark lab's machinery: scenarios, parameters, results files.
+
+The notebooks in `notebooks/benchmarks/` call these functions; so can anyone
+without Jupyter (and the tests do, at toy size). Every scenario runs real
+`jobqueue worker` processes against a database of its own, reads its figures
+from PostgreSQL's clock, and returns plain rows that `save()` writes to CSV
+with the machine's description. `jobqueue.benchmarks.report` renders
+BENCHMARKS.md and its plots from those files, so nothing in it is typed by hand.
+
+Sizes come from one place: `param(name, smoke=…, full=…)`. `JOBQUEUE_LAB_SIZE`
+picks the column (`smoke` unless it says `full`; `make bench` says `full`),
+and `JOBQUEUE_BENCH_<NAME>` overrides any single parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def size() -> str:
+    """`full` for `make bench`, `smoke` otherwise (CI, a first look)."""
+    return "full" if os.environ.get("JOBQUEUE_LAB_SIZE", "smoke").lower() == "full" else "smoke"
+
+
+def param(name: str, *, smoke: T, full: T) -> T:
+    """A benchmark size: the smoke or full value, or `JOBQUEUE_BENCH_<NAME>`
+    (JSON: `[1, 10, 100]`, `5000`, `"shared"`)."""
+    raw = os.environ.get(f"JOBQUEUE_BENCH_{name.upper()}")
+    if raw is not None:
+        try:
+            return json.loads(raw)  # type: ignore[no-any-return]
+        except json.JSONDecodeError:
+            return raw  # type: ignore[return-value]
+    return full if size() == "full" else smoke
+
+
+def results_dir() -> Path:
+    """Where results go: the committed `notebooks/benchmarks/results/` for
+    full runs, the git-ignored `bench-results/smoke/` for smoke runs (so CI
+    never overwrites the published figures)."""
+    base = _CHECKOUT if (_CHECKOUT / "alembic.ini").exists() else Path.cwd()
+    if size() == "full":
+        path = base / "notebooks" / "benchmarks" / "results"
+    else:
+        path = base / "bench-results" / "smoke"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save(rows: list[dict[str, Any]], name: str, context: dict[str, str]) -> Path:
+    """Write `rows` to `<results_dir>/<name>.csv`, machine and settings first as
+    `# key: value` lines (read back with `load`)."""
+    import pandas as pd
+
+    path = results_dir() / f"{name}.csv"
+    with path.open("w", newline="") as f:
+        for key, value in {**context, "written": datetime.now(UTC).isoformat(timespec="seconds"),
+                           "size": size()}.items():
+            f.write(f"# {key}: {value}\n")
+        pd.DataFrame(rows).to_csv(f, index=False)
+    return path
+
+
+def load(name: str, directory: Path | None = None) -> tuple[Any, dict[str, str]]:
+    """A results file as (DataFrame, context)."""
+    import pandas as pd
+
+    path = (directory or results_dir()) / f"{name}.csv"
+    context: dict[str, str] = {}
+    with path.open() as f:
+        for line in f:
+            if not line.startswith("# "):
+                break
+            key, _, value = line[2:].partition(": ")
+            context[key] = value.strip()
+    return pd.read_csv(path, comment="#"), context

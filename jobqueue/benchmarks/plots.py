@@ -1,0 +1,191 @@
+"""Tables and figures from results files: the notebooks show them, the report
+saves them as PNGs for BENCHMARKS.md. Each takes the DataFrame `load()` gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+RATE = "jobs/s"
+
+
+def spread(df: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
+    """Median, min and max of `value` over repetitions, per group."""
+    grouped = df.groupby(by, sort=True)[value]
+    out = grouped.agg(["median", "min", "max", "count"]).reset_index()
+    return out.rename(columns={"count": "runs"})
+
+
+def markdown(df: pd.DataFrame, floatfmt: str = ",.0f") -> str:
+    """A DataFrame as a Markdown table (numbers formatted, no index)."""
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return format(v, floatfmt)
+        if isinstance(v, int):
+            return format(v, ",")
+        return str(v)
+
+    header = "| " + " | ".join(str(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else "---"
+                          for c in df.columns) + "|"
+    rows = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([header, rule, *rows])
+
+
+def _range(row: pd.Series) -> str:
+    return f"{row['median']:,.0f} ({row['min']:,.0f}–{row['max']:,.0f})"
+
+
+# -- throughput -----------------------------------------------------------------
+
+
+def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Median jobs/s (min–max) by batch size, for each mode × worker count."""
+    s = spread(df, ["mode", "workers", "batch_size"], "jobs_per_sec")
+    s["cell"] = s.apply(_range, axis=1)
+    table = s.pivot(index="batch_size", columns=["mode", "workers"], values="cell")
+    table.columns = [f"{mode}, {w} worker{'s' if w > 1 else ''}" for mode, w in table.columns]
+    return table.reset_index().rename(columns={"batch_size": "batch size"})
+
+
+def throughput_plot(df: pd.DataFrame) -> plt.Figure:
+    s = spread(df, ["mode", "workers", "batch_size"], "jobs_per_sec")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for (mode, workers), g in s.groupby(["mode", "workers"]):
+        ax.errorbar(g["batch_size"], g["median"],
+                    yerr=[g["median"] - g["min"], g["max"] - g["median"]],
+                    marker="o" if mode == "shared" else "s", capsize=3,
+                    linestyle="-" if mode == "shared" else "--",
+                    label=f"{mode}, {workers} worker{'s' if workers > 1 else ''}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size (jobs per transaction)")
+    ax.set_ylabel(f"drain throughput ({RATE}, median, min–max)")
+    ax.set_title("Draining no-op jobs")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
+    s = spread(df, ["n"], "jobs_per_sec")
+    dead = df.groupby("n")["dead_tuples"].median().reset_index(drop=True)
+    return pd.DataFrame({"jobs in table": s["n"], f"{RATE} (min–max)": s.apply(_range, axis=1),
+                         "dead tuples after": dead, "runs": s["runs"]})
+
+
+def table_size_plot(df: pd.DataFrame) -> plt.Figure:
+    s = spread(df, ["n"], "jobs_per_sec")
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    ax.errorbar(s["n"], s["median"], yerr=[s["median"] - s["min"], s["max"] - s["median"]],
+                marker="o", capsize=3)
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("jobs in the table at the start")
+    ax.set_ylabel(f"drain throughput ({RATE})")
+    ax.set_title("Does cost grow with the table?")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def work_table(df: pd.DataFrame) -> pd.DataFrame:
+    s = spread(df, ["handler", "mode", "workers"], "jobs_per_sec")
+    s[f"{RATE} (min–max)"] = s.apply(_range, axis=1)
+    return s[["handler", "mode", "workers", f"{RATE} (min–max)", "runs"]]
+
+
+# -- latency ------------------------------------------------------------------------
+
+
+def latency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Medians over runs of each percentile, per arrival rate."""
+    cols = [c for c in df.columns if c.startswith(("start_p", "complete_p"))]
+    med = df.groupby("rate")[["achieved_rate", *cols]].median().reset_index()
+    out = pd.DataFrame({"arrivals (jobs/s)": med["rate"],
+                        "achieved": med["achieved_rate"]})
+    for label, prefix in (("to start", "start_"), ("to completion", "complete_")):
+        for q in ("p50", "p95", "p99", "p99_9"):
+            out[f"{label} {q.replace('_', '.')} (ms)"] = med[f"{prefix}{q}_ms"]
+    return out
+
+
+def latency_plot(df: pd.DataFrame) -> plt.Figure:
+    med = df.groupby("rate").median(numeric_only=True).reset_index()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for q, style in (("p50", "o-"), ("p99", "s-"), ("p99_9", "^-")):
+        ax.plot(med["rate"], med[f"complete_{q}_ms"], style, label=f"{q.replace('_', '.')}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arrival rate (jobs/s, open loop)")
+    ax.set_ylabel("enqueue → completion (ms)")
+    ax.set_title("Latency under load")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def latency_histogram(samples: pd.DataFrame) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    positive = samples[samples["to_complete_ms"] > 0]
+    low, high = positive["to_complete_ms"].min(), positive["to_complete_ms"].max()
+    bins = pd.Series([low * (high / low) ** (i / 60) for i in range(61)]) if high > low else 30
+    for rate, g in positive.groupby("rate"):
+        ax.hist(g["to_complete_ms"], bins=bins, histtype="step", label=f"{rate:g} jobs/s",
+                density=True)
+    ax.set_xscale("log")
+    ax.set_xlabel("enqueue → completion (ms)")
+    ax.set_ylabel("density")
+    ax.set_title("Distribution of latency, by arrival rate")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# -- recovery -----------------------------------------------------------------------
+
+
+def recovery_table(df: pd.DataFrame) -> pd.DataFrame:
+    s = spread(df, ["signal", "lease"], "seconds")
+    return s.rename(columns={"median": "median (s)", "min": "min (s)", "max": "max (s)",
+                             "lease": "lease (s)", "runs": "trials"})
+
+
+def recovery_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.Figure:
+    """For each signal, the trial with the median recovery: completions per
+    100 ms by worker, the signal at t = 0."""
+    signals = list(dict.fromkeys(times["signal"]))
+    fig, axes = plt.subplots(len(signals), 1, figsize=(7, 2.6 * len(signals)), squeeze=False)
+    for ax, name in zip(axes[:, 0], signals, strict=True):
+        trials = times[times["signal"] == name].sort_values("seconds")
+        median_trial = trials.iloc[len(trials) // 2]["trial"]
+        g = timeline[(timeline["signal"] == name) & (timeline["trial"] == median_trial)]
+        for worker, color in (("first", "tab:blue"), ("second", "tab:orange")):
+            w = g[g["worker"] == worker]
+            ax.bar(w["t"] + 0.05, w["jobs"], width=0.1, color=color,
+                   label=f"{worker} worker ({'active' if worker == 'first' else 'standby'})")
+        ax.axvline(0, color="black", linestyle="--", linewidth=1)
+        ax.set_title(f"{name}: jobs completed per 100 ms (signal at 0 s)")
+        ax.set_xlabel("seconds from the signal")
+        ax.set_ylabel("jobs")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def recovery_times_plot(times: pd.DataFrame) -> plt.Figure:
+    signals = list(dict.fromkeys(times["signal"]))
+    fig, axes = plt.subplots(1, len(signals), figsize=(3.2 * len(signals), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], signals, strict=True):
+        values = times[times["signal"] == name]["seconds"]
+        ax.plot([1] * len(values), values, "o", alpha=0.6)
+        ax.boxplot(values, widths=0.4)
+        ax.set_xticks([])
+        ax.set_title(name)
+        ax.set_ylabel("recovery (s)")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,311 @@
+"""The three measurements of the benchmark lab.
+
+- `drain`: N jobs already in the table, W worker processes (exclusive or
+  shared mode), batch size B; how fast the table empties. Timed on the
+  database's clock from the first claim to the last completion, so process
+  start-up (a second of Python imports) is not counted.
+- `open_loop`: jobs arrive one by one at a fixed rate, each in its own
+  transaction, on a schedule that does not wait for the queue (open loop);
+  an idle worker process picks them up. Distributions of enqueue-to-start
+  and enqueue-to-completion.
+- `recovery`: the active worker is killed (SIGKILL) or frozen (SIGSTOP) under
+  load; the time until the standby completes a job, and the timeline of
+  completions around it (see also `jobqueue.recovery`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import statistics
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from jobqueue import db
+from jobqueue.bench import drop_bench_database, machine_info, prepare_database, server_info
+from jobqueue.bench_handlers import BENCH_TABLE
+from jobqueue.recovery import recovery_trial
+from jobqueue.testing import WorkerProcess, wait_for
+
+logger = logging.getLogger(__name__)
+
+LAB_DATABASE_PREFIX = "jobqueue_bench_"
+HANDLERS = {"noop": {}, "write_row": {}, "sleep_10ms": {"seconds": 0.01}}
+QUANTILES = (0.5, 0.95, 0.99, 0.999)
+
+
+async def open_bench(name: str) -> str:
+    """A migrated database of this benchmark's own (`jobqueue_bench_<name>`),
+    replacing any leftover; its URL. Pair with `close_bench(name)`."""
+    url = await prepare_database(db.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
+    conn = await db.connect(url)
+    try:
+        await conn.execute(BENCH_TABLE)
+    finally:
+        await conn.close()
+    return url
+
+
+async def close_bench(name: str) -> None:
+    await drop_bench_database(db.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
+
+
+@contextlib.asynccontextmanager
+async def bench_database(name: str) -> AsyncIterator[str]:
+    """`open_bench` and `close_bench` as a context manager."""
+    url = await open_bench(name)
+    try:
+        yield url
+    finally:
+        await close_bench(name)
+
+
+async def environment(url: str) -> dict[str, str]:
+    """Machine and server facts every results file carries."""
+    return {**machine_info(), **await server_info(url)}
+
+
+async def _reset(conn: asyncpg.Connection) -> None:
+    await conn.execute("TRUNCATE jobs, jobqueue_workers, bench_rows")
+
+
+async def fill(conn: asyncpg.Connection, n: int, handler: str = "noop") -> None:
+    """n jobs in one server-side statement (a plain INSERT is a valid job),
+    then VACUUM ANALYZE so every run starts from the same table state."""
+    job_type, payload = _job(handler)
+    await conn.execute(
+        "INSERT INTO jobs (job_type, payload) SELECT $1, $2::jsonb FROM generate_series(1, $3)",
+        job_type, payload, n)
+    await conn.execute("VACUUM ANALYZE jobs")
+
+
+def _job(handler: str) -> tuple[str, str]:
+    import json
+
+    if handler not in HANDLERS:
+        raise ValueError(f"unknown benchmark handler {handler!r}; one of {sorted(HANDLERS)}")
+    job_type = "sleep" if handler.startswith("sleep") else handler
+    return job_type, json.dumps(HANDLERS[handler])
+
+
+def _worker_args(batch_size: int, shared: bool, concurrency: int, *extra: str) -> list[str]:
+    args = ["--import", "jobqueue.bench_handlers", "--batch-size", str(batch_size),
+            "--concurrency", str(concurrency), "--log-level", "WARNING", *extra]
+    return args + (["--shared"] if shared else [])
+
+
+async def drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool,
+                handler: str = "noop", concurrency: int = 1, timeout: float = 900.0,
+                log_dir: Path | None = None) -> dict[str, Any]:
+    """One drain: fill the table, start `workers` burst-mode processes, wait
+    for them to exit, and read the result from the jobs table."""
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-drain-"))
+    conn = await db.connect(url, application_name="jobqueue bench")
+    procs: list[WorkerProcess] = []
+    try:
+        await _reset(conn)
+        await fill(conn, n, handler)
+        args = _worker_args(batch_size, shared, concurrency, "--burst")
+        procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *args) for i in range(workers)]
+        for p in procs:
+            code = await p.wait(timeout)
+            if code != 0:
+                raise RuntimeError(f"worker exited with {code}: {p.log()[-2000:]}")
+        row = await conn.fetchrow(
+            "SELECT count(*) FILTER (WHERE status = 'completed') AS completed, count(*) AS total,"
+            " extract(epoch FROM max(completed_at) - min(started_at)) AS seconds,"
+            " count(DISTINCT worker_id) AS workers_used FROM jobs")
+        stats = await conn.fetchrow(
+            "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = 'jobs'")
+    finally:
+        for p in procs:
+            p.close()
+        await conn.close()
+    if row["completed"] != n or row["total"] != n:
+        raise RuntimeError(f"lost jobs: {row['completed']} of {n} completed")
+    seconds = float(row["seconds"])
+    return {"n": n, "batch_size": batch_size, "workers": workers,
+            "mode": "shared" if shared else "exclusive", "handler": handler,
+            "concurrency": concurrency, "seconds": seconds, "jobs_per_sec": n / seconds,
+            "workers_used": row["workers_used"], "dead_tuples": stats["n_dead_tup"]}
+
+
+async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 100,
+                    connections: int = 8, log_dir: Path | None = None) -> dict[str, Any]:
+    """Arrivals at `rate` jobs/s for `seconds`, each enqueued in its own
+    transaction at its scheduled time whatever the queue is doing; one idle
+    worker process. Returns the summary and the per-job latencies."""
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-latency-"))
+    conn = await db.connect(url, application_name="jobqueue bench")
+    pool = await asyncpg.create_pool(**db.asyncpg_connect_args(url), min_size=connections,
+                                     max_size=connections)
+    worker = None
+    try:
+        await _reset(conn)
+        await conn.execute("VACUUM ANALYZE jobs")
+        worker = WorkerProcess(url, log_dir / "worker.log",
+                               *_worker_args(batch_size, False, 1))
+        await wait_for(lambda: conn.fetchval(
+            "SELECT count(*) = 1 FROM jobqueue_workers WHERE state = 'active'"),
+            timeout=60, message="an active worker")
+        total = max(1, round(rate * seconds))
+        lateness = await _arrivals(pool, rate, total)
+        await wait_for(lambda: conn.fetchval(
+            "SELECT count(*) = $1 FROM jobs WHERE status = 'completed'", total),
+            timeout=seconds + 120, interval=0.05, message="every job completed")
+        rows = await conn.fetch(
+            "SELECT extract(epoch FROM started_at - created_at) AS to_start,"
+            " extract(epoch FROM completed_at - created_at) AS to_complete,"
+            " extract(epoch FROM created_at) AS created FROM jobs")
+    finally:
+        if worker is not None:
+            worker.signal(signal.SIGTERM)
+            with contextlib.suppress(Exception):
+                await worker.wait(30)
+            worker.close()
+        await pool.close()
+        await conn.close()
+    created = sorted(float(r["created"]) for r in rows)
+    span = created[-1] - created[0] if len(created) > 1 else 0.0
+    to_start = [float(r["to_start"]) for r in rows]
+    to_complete = [float(r["to_complete"]) for r in rows]
+    summary = {"rate": rate, "jobs": total, "seconds": seconds,
+               "achieved_rate": (total - 1) / span if span > 0 else float(total),
+               "producer_late_p99_ms": _quantile(lateness, 0.99) * 1000}
+    for label, values in (("start", to_start), ("complete", to_complete)):
+        for q in QUANTILES:
+            summary[f"{label}_p{_qname(q)}_ms"] = _quantile(values, q) * 1000
+    return {"summary": summary, "to_start": to_start, "to_complete": to_complete}
+
+
+async def _arrivals(pool: asyncpg.Pool, rate: float, total: int) -> list[float]:
+    """Enqueue `total` jobs at `rate`, each at its own scheduled time; returns
+    how late each was sent (the producer's own lag, reported with the result)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.05
+    lateness: list[float] = []
+    tasks: set[asyncio.Task[Any]] = set()
+
+    async def one() -> None:
+        async with pool.acquire() as c:
+            await c.execute("INSERT INTO jobs (job_type) VALUES ('noop')")
+
+    for i in range(total):
+        due = start + i / rate
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        lateness.append(max(0.0, loop.time() - due))
+        task = asyncio.create_task(one())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.gather(*tasks)
+    return lateness
+
+
+def _qname(q: float) -> str:
+    return f"{q * 100:g}".replace(".", "_")
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation, as PostgreSQL's percentile_cont."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+async def recovery(url: str, sig: signal.Signals, *, lease: float = 5.0, jobs: int = 3000,
+                   log_dir: Path | None = None) -> dict[str, Any]:
+    """One recovery trial plus the timeline of completions around the signal:
+    jobs completed per 100 ms by each worker ("first" was active, "second"
+    stood by), from 1 s before the signal to 1 s after recovery."""
+    trial = await recovery_trial(url, sig, lease=lease, jobs=jobs, log_dir=log_dir,
+                                 keep_timeline=True)
+    return trial
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median and range of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+# -- series of runs, with progress bars ------------------------------------------
+
+
+def _progress(total: int, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+async def drain_matrix(url: str, *, n: int, batch_sizes: Sequence[int],
+                       workers: Sequence[int], modes: Sequence[str], repeat: int,
+                       handler: str = "noop") -> list[dict[str, Any]]:
+    """Every batch size × worker count × mode, `repeat` times each."""
+    rows = []
+    with _progress(len(batch_sizes) * len(workers) * len(modes) * repeat, "drain") as bar:
+        for batch_size in batch_sizes:
+            for count in workers:
+                for mode in modes:
+                    for run in range(1, repeat + 1):
+                        row = await drain(url, n=n, batch_size=batch_size, workers=count,
+                                          shared=mode == "shared", handler=handler)
+                        rows.append({**row, "run": run})
+                        bar.update()
+    return rows
+
+
+async def drain_sizes(url: str, *, sizes: Sequence[int], batch_size: int, repeat: int
+                      ) -> list[dict[str, Any]]:
+    """One worker draining tables of growing size: does cost grow with N?"""
+    rows = []
+    with _progress(len(sizes) * repeat, "table sizes") as bar:
+        for n in sizes:
+            for run in range(1, repeat + 1):
+                row = await drain(url, n=n, batch_size=batch_size, workers=1, shared=False)
+                rows.append({**row, "run": run})
+                bar.update()
+    return rows
+
+
+async def latency_series(url: str, *, rates: Sequence[float], seconds: float, repeat: int
+                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Open-loop runs at each rate: summaries, and every job's latencies."""
+    summaries, samples = [], []
+    with _progress(len(rates) * repeat, "latency") as bar:
+        for rate in rates:
+            for run in range(1, repeat + 1):
+                result = await open_loop(url, rate=rate, seconds=seconds)
+                summaries.append({**result["summary"], "run": run})
+                samples += [{"rate": rate, "run": run, "to_start_ms": s * 1000,
+                             "to_complete_ms": c * 1000}
+                            for s, c in zip(result["to_start"], result["to_complete"],
+                                            strict=True)]
+                bar.update()
+    return summaries, samples
+
+
+async def recovery_series(url: str, *, signals: Sequence[str], trials: int, lease: float,
+                          jobs: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Repeated recovery trials: times, and the timeline of each trial."""
+    times, timelines = [], []
+    with _progress(len(signals) * trials, "recovery") as bar:
+        for name in signals:
+            for trial in range(1, trials + 1):
+                result = await recovery(url, getattr(signal, name), lease=lease, jobs=jobs)
+                timeline = result.pop("timeline")
+                times.append({**result, "trial": trial})
+                timelines += [{"signal": name, "trial": trial, **point} for point in timeline]
+                bar.update()
+    return times, timelines

@@ -1,0 +1,81 @@
+"""The benchmark lab's scenarios and report, at toy size."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jobqueue.benchmarks import load, param, save, scenarios
+from jobqueue.benchmarks.report import render
+
+
+@pytest.fixture
+async def bench_url(server_url: str):
+    name = f"t{uuid.uuid4().hex[:8]}"
+    url = await scenarios.open_bench(name)
+    yield url
+    await scenarios.close_bench(name)
+
+
+def test_params_come_from_one_place(monkeypatch) -> None:
+    monkeypatch.delenv("JOBQUEUE_LAB_SIZE", raising=False)
+    assert param("x", smoke=1, full=2) == 1
+    monkeypatch.setenv("JOBQUEUE_LAB_SIZE", "full")
+    assert param("x", smoke=1, full=2) == 2
+    monkeypatch.setenv("JOBQUEUE_BENCH_X", "[3, 4]")
+    assert param("x", smoke=1, full=2) == [3, 4]
+
+
+async def test_drain_modes_and_handlers(bench_url: str) -> None:
+    exclusive = await scenarios.drain(bench_url, n=300, batch_size=50, workers=2, shared=False)
+    shared = await scenarios.drain(bench_url, n=300, batch_size=50, workers=2, shared=True,
+                                   handler="write_row")
+    assert exclusive["workers_used"] == 1  # the second process only stood by
+    assert shared["workers_used"] >= 1 and shared["handler"] == "write_row"
+    for run in (exclusive, shared):
+        assert run["jobs_per_sec"] > 0 and run["seconds"] > 0
+
+
+async def test_open_loop_keeps_its_schedule(bench_url: str) -> None:
+    result = await scenarios.open_loop(bench_url, rate=40, seconds=0.5)
+    summary = result["summary"]
+    assert summary["jobs"] == 20 and len(result["to_complete"]) == 20
+    assert 0 < summary["start_p50_ms"] <= summary["complete_p50_ms"]
+    assert summary["complete_p50_ms"] <= summary["complete_p99_ms"] <= summary["complete_p99_9_ms"]
+    assert summary["achieved_rate"] == pytest.approx(40, rel=0.25)
+
+
+async def test_report_renders_from_results_files(bench_url: str, tmp_path: Path,
+                                                 monkeypatch) -> None:
+    monkeypatch.setattr("jobqueue.benchmarks.results_dir", lambda: tmp_path)
+    context = await scenarios.environment(bench_url)
+    matrix = await scenarios.drain_matrix(bench_url, n=100, batch_sizes=[10, 50], workers=[1],
+                                          modes=["exclusive"], repeat=1)
+    save(matrix, "throughput_matrix", context)
+    summaries, samples = await scenarios.latency_series(bench_url, rates=[40], seconds=0.25,
+                                                        repeat=1)
+    save(summaries, "latency", context)
+    save(samples, "latency_samples", context)
+    times, timeline = await scenarios.recovery_series(bench_url, signals=["SIGKILL"], trials=1,
+                                                      lease=1.0, jobs=300)
+    save(times, "recovery", context)
+    save(timeline, "recovery_timeline", context)
+    df, ctx = load("throughput_matrix", tmp_path)
+    assert len(df) == 2 and ctx["fsync"] == "on"
+
+    out = render(tmp_path, tmp_path / "BENCHMARKS.md")
+    text = out.read_text()
+    for heading in ("## Setup", "## Throughput", "## Latency", "## Dead-worker recovery",
+                    "Celery + Redis"):
+        assert heading in text
+    assert "| SIGKILL |" in text
+    assert (tmp_path / "throughput.png").stat().st_size > 0
+    assert signal.SIGKILL.name in set(times_df_signals(tmp_path))
+
+
+def times_df_signals(path: Path) -> list[str]:
+    df, _ = load("recovery", path)
+    return list(df["signal"])
