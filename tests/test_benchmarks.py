@@ -79,3 +79,8 @@ async def test_report_renders_from_results_files(bench_url: str, tmp_path: Path,
 def times_df_signals(path: Path) -> list[str]:
     df, _ = load("recovery", path)
     return list(df["signal"])
+
+
+async def test_the_course_design_drains_everything(bench_url: str) -> None:
+    rows = await scenarios.course_drains(bench_url, n=50, repeat=1)
+    assert rows[0]["processed"] == 50 and rows[0]["jobs_per_sec"] > 0

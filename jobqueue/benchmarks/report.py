@@ -157,8 +157,18 @@ def _comparison(results: Path) -> str:
     per_job = plots.spread(one, ["batch_size"], "jobs_per_sec")
     batch1 = per_job[per_job["batch_size"] == per_job["batch_size"].min()]["median"].iloc[0]
     best = per_job["median"].max()
+    course_line = []
+    if (results / "throughput_course.csv").exists():
+        cdf, _ = load("throughput_course", results)
+        c = plots.spread(cdf, ["n"], "jobs_per_sec").iloc[0]
+        course_line = [
+            f"The course's own design (a transaction and ORM round trips per job, reproduced in "
+            f"`jobqueue/benchmarks/course.py`) drains {c['median']:,.0f} jobs/s "
+            f"({c['min']:,.0f}–{c['max']:,.0f}, {int(c['runs'])} runs of {int(c['n']):,} jobs) "
+            "on the same server.", ""]
     return "\n".join([
         "## This vs Celery + Redis (the course's table, redone)", "",
+        *course_line,
         "| | jobqueue (measured here) | Celery + Redis |",
         "|---|---|---|",
         "| Setup | PostgreSQL only | PostgreSQL for the data, plus Redis and Celery workers |",

@@ -266,6 +266,26 @@ async def drain_matrix(url: str, *, n: int, batch_sizes: Sequence[int],
     return rows
 
 
+async def course_drains(url: str, *, n: int, repeat: int) -> list[dict[str, Any]]:
+    """The course's design (`course.py`) draining n jobs, `repeat` times."""
+    from jobqueue.benchmarks import course
+
+    rows = []
+    conn = await db.connect(url, application_name="jobqueue bench")
+    try:
+        for run in range(1, repeat + 1):
+            await _reset(conn)
+            await fill(conn, n)
+            result = await course.drain(url)
+            if result["processed"] != n:
+                raise RuntimeError(f"course design processed {result['processed']} of {n}")
+            rows.append({"n": n, "run": run, "system": "course design (per-job commit, ORM)",
+                         **result})
+    finally:
+        await conn.close()
+    return rows
+
+
 async def drain_sizes(url: str, *, sizes: Sequence[int], batch_size: int, repeat: int
                       ) -> list[dict[str, Any]]:
     """One worker draining tables of growing size: does cost grow with N?"""
