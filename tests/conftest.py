@@ -21,7 +21,8 @@ from jobqueue import db, embedded, examples, migrations
 from jobqueue.testing import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE = "jobqueue_test_template"
+# One template per test run, so that two runs on one server never drop each other's.
+TEMPLATE = f"jobqueue_test_template_{os.getpid()}"
 
 # Tables the test handlers write to. `events` is written outside the job's
 # transaction (it shows what ran, even if rolled back); `effects` is written
