@@ -10,12 +10,15 @@ from sqlalchemy.exc import DBAPIError
 
 # What a restart, a dropped connection or an unreachable server looks like.
 # 57P01-57P03 (admin shutdown, crash shutdown, cannot connect now) arrive as
-# errors from the server itself.
+# errors from the server itself. InternalClientError ("another operation is in
+# progress") is what asyncpg raises when a connection was cut under a query it
+# has not finished reading: the connection is unusable either way.
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     asyncio.TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.exceptions.OperatorInterventionError,
 )
 
