@@ -24,6 +24,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from jobqueue import db
+from jobqueue.logs import FORMATS, configure_logging
 
 logger = logging.getLogger("jobqueue.cli")
 
@@ -202,10 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
     p.add_argument("--log-level", default=os.environ.get("JOBQUEUE_LOG_LEVEL", "INFO"),
                    choices=levels, help="log verbosity")
+    p.add_argument("--log-format", default=os.environ.get("JOBQUEUE_LOG_FORMAT", "text"),
+                   choices=FORMATS, help="log lines as text, or one JSON object each")
     # Also accepted after the command (`jobqueue worker --log-level WARNING`).
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default=argparse.SUPPRESS, choices=levels,
                         help="log verbosity")
+    common.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS,
+                        help="log lines as text, or one JSON object each")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add = functools.partial(sub.add_parser, parents=[common])
 
@@ -268,8 +273,7 @@ def _one_line(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         code = func(args)

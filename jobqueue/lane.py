@@ -140,7 +140,10 @@ class Lane:
                     raise
                 delay = backoff.next()
                 logger.warning("lane %d lost its connection (%s); reconnecting in %.2fs",
-                               self.number, one_line(exc), delay)
+                               self.number, one_line(exc), delay,
+                               extra={"event": "lane_reconnecting", "lane": self.number,
+                                      "worker_id": self.runner.worker_id,
+                                      "error": one_line(exc), "delay_s": round(delay, 3)})
                 await self.runner.sleep_unless_stopping(delay)
             finally:
                 self.raw = None
@@ -203,17 +206,23 @@ class Lane:
                 latencies = await self._record(conn, outcomes)
         except LostOwnership:
             logger.warning("batch of %d rolled back: another worker took some of its jobs",
-                           len(jobs))
+                           len(jobs), extra={"event": "batch_lost", "jobs": len(jobs),
+                                             "worker_id": self.runner.worker_id})
             await self.runner.hand_back(ids)
             return
         except Exception as exc:
             if self.runner.aborting or not is_connection_error(exc):
                 raise
             logger.error("lane %d: connection lost mid-batch; %d job(s) go back to the queue",
-                         self.number, len(jobs))
+                         self.number, len(jobs),
+                         extra={"event": "batch_connection_lost", "lane": self.number,
+                                "jobs": len(jobs), "worker_id": self.runner.worker_id,
+                                "error": one_line(exc)})
             await self.runner.hand_back(ids)
             raise
         self.runner.stats.count_batch(outcomes, latencies)
+        if outcomes.done_ids and logger.isEnabledFor(logging.INFO):
+            self._log_completed(jobs, outcomes)  # committed: now they are done
 
     async def _run_one(
         self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob, out: Outcomes
@@ -223,6 +232,12 @@ class Lane:
         if handler is None:
             out.failure(job.id, f"no handler registered for job type {job.job_type!r}",
                         retry=False, delay=0.0)
+            logger.warning("job %s (%s) attempt %d failed: no handler registered", job.id,
+                           job.job_type, job.attempt,
+                           extra={"event": "job_failed", "job_id": str(job.id),
+                                  "job_type": job.job_type, "attempt": job.attempt,
+                                  "worker_id": runner.worker_id, "retry": False,
+                                  "error": "no handler registered"})
             return
         started = time.perf_counter()
         token = _current_job.set(job)
@@ -245,7 +260,14 @@ class Lane:
             out.failure(job.id, error_text(exc), retry=retry, delay=delay)
             logger.warning("job %s (%s) attempt %d failed%s: %s", job.id, job.job_type,
                            job.attempt, f", retry in {delay:.2f}s" if retry else "",
-                           error_text(exc))
+                           error_text(exc),
+                           extra={"event": "job_failed", "job_id": str(job.id),
+                                  "job_type": job.job_type, "attempt": job.attempt,
+                                  "duration_ms": round((time.perf_counter() - started) * 1000,
+                                                       3),
+                                  "worker_id": runner.worker_id, "retry": retry,
+                                  "retry_in_s": round(delay, 3) if retry else None,
+                                  "error": error_text(exc)})
         else:
             out.done_ids.append(job.id)
             out.results.append(encoded)
@@ -254,6 +276,19 @@ class Lane:
             _current_job.reset(token)
             if session.identity_map:
                 session.expunge_all()
+
+    def _log_completed(self, jobs: list[ClaimedJob], out: Outcomes) -> None:
+        """One INFO event per completed job of a committed batch."""
+        by_id = {job.id: job for job in jobs}
+        worker_id = self.runner.worker_id
+        for job_id, seconds in zip(out.done_ids, out.handler_times, strict=True):
+            job = by_id[job_id]
+            ms = round(seconds * 1000, 3)
+            logger.info("job %s (%s) attempt %d completed in %.1f ms", job.id, job.job_type,
+                        job.attempt, ms,
+                        extra={"event": "job_completed", "job_id": str(job.id),
+                               "job_type": job.job_type, "attempt": job.attempt,
+                               "duration_ms": ms, "worker_id": worker_id})
 
     async def _record(self, conn: AsyncConnection, out: Outcomes) -> list[float]:
         worker_id = self.runner.worker_id

@@ -138,6 +138,7 @@ class JobRunner:
         self._abandon = asyncio.Event()
         self._active = asyncio.Event()
         self._monitor: asyncpg.Connection | None = None
+        self._connections: list[asyncpg.Connection] = []  # this life's control and monitor
 
     # -- control from outside -------------------------------------------------
 
@@ -146,10 +147,13 @@ class JobRunner:
         running handlers at once (their jobs go back to the queue)."""
         if self._stop_requested.is_set():
             if not self._abandon.is_set():
-                logger.warning("second stop request: abandoning running jobs")
+                logger.warning("second stop request: abandoning running jobs",
+                               extra={"event": "worker_abandoning", "worker_id": self.worker_id})
                 self._abandon.set()
             return
-        logger.info("stop requested: finishing running jobs (grace %.1fs)", self.grace_period)
+        logger.info("stop requested: finishing running jobs (grace %.1fs)", self.grace_period,
+                    extra={"event": "worker_stopping", "worker_id": self.worker_id,
+                           "grace_period_s": self.grace_period})
         self._stop_requested.set()
         self.wake.set()
 
@@ -189,7 +193,10 @@ class JobRunner:
                     delay = backoff.next()
                     self.state = "reconnecting"
                     logger.warning("worker %d: %s; starting over in %.2fs",
-                                   self.worker_id, over, delay)
+                                   self.worker_id, over, delay,
+                                   extra={"event": "worker_restarting",
+                                          "worker_id": self.worker_id, "error": str(over),
+                                          "delay_s": round(delay, 3)})
                     await self.sleep_unless_stopping(delay)
                     if self._active.is_set():
                         backoff.reset()
@@ -205,6 +212,7 @@ class JobRunner:
         async with contextlib.AsyncExitStack() as stack:
             try:
                 control = await self._announce(url)
+                self._connections = [control]
                 stack.push_async_callback(self._close_control, control)
                 lost = asyncio.Event()
                 control.add_termination_listener(lambda _: lost.set())
@@ -212,6 +220,7 @@ class JobRunner:
                 monitor = await db.connect(url, application_name=self._app_name("monitor"))
                 stack.push_async_callback(self._close_monitor, monitor)
                 self._monitor = monitor
+                self._connections.append(monitor)
                 await queries["register_worker"].fetch(
                     monitor, id=self.worker_id, name=self.name,
                     mode="shared" if self.shared else "exclusive")
@@ -231,9 +240,16 @@ class JobRunner:
                 stack.push_async_callback(engine.dispose)
                 await self._work(engine, guards)
             except Exception as exc:
-                if isinstance(exc, Fenced) or is_connection_error(exc):
+                # A connection cut under a query can surface as a protocol error
+                # ("another operation is in progress") before asyncpg notices the
+                # socket is closed: a closed connection means start over, whatever
+                # the error says.
+                if (isinstance(exc, Fenced) or is_connection_error(exc)
+                        or any(c.is_closed() for c in self._connections)):
                     raise _LifeOver(one_line(exc)) from exc
                 raise
+            finally:
+                self._connections = []
 
     async def _announce(self, url: str) -> asyncpg.Connection:
         """Connect and take a liveness lock on a fresh random id."""
@@ -244,7 +260,9 @@ class JobRunner:
             if await queries["lock_worker"].fetchval(
                 conn, lock_class=WORKER_LOCK_CLASS, worker_id=self.worker_id
             ):
-                logger.info("worker %d (%s) connected", self.worker_id, self.name)
+                logger.info("worker %d (%s) connected", self.worker_id, self.name,
+                            extra={"event": "worker_connected", "worker_id": self.worker_id,
+                                   "worker_name": self.name})
                 return conn
             await conn.close()
         raise RuntimeError("could not find a free worker id")  # 2**31 ids: never in practice
@@ -260,7 +278,8 @@ class JobRunner:
             return True
         if await queries["try_lock"].fetchval(control, lock_class=LOCK_CLASS, key=ACTIVE_KEY):
             return True
-        logger.info("worker %d standing by: another worker is active", self.worker_id)
+        logger.info("worker %d standing by: another worker is active", self.worker_id,
+                    extra={"event": "worker_standby", "worker_id": self.worker_id})
         waiting = asyncio.ensure_future(
             queries["lock_active"].fetch(control, lock_class=LOCK_CLASS, key=ACTIVE_KEY))
         stopping = asyncio.ensure_future(self._stop_requested.wait())
@@ -286,7 +305,9 @@ class JobRunner:
                               self._app_name("shared" if self.shared else "active"))
         await control.add_listener(CHANNEL, self._on_notify)
         logger.info("worker %d is %s", self.worker_id,
-                    "working (shared mode)" if self.shared else "active")
+                    "working (shared mode)" if self.shared else "active",
+                    extra={"event": "worker_active", "worker_id": self.worker_id,
+                           "mode": "shared" if self.shared else "exclusive"})
         self.stats.start_clock()
         self._active.set()
         async with self.monitor_lock:
@@ -294,7 +315,9 @@ class JobRunner:
             rescued = await rescue(self._monitor)
         if rescued:
             self.stats.rescued += rescued
-            logger.warning("returned %d job(s) of dead workers to the queue", rescued)
+            logger.warning("returned %d job(s) of dead workers to the queue", rescued,
+                           extra={"event": "jobs_rescued", "worker_id": self.worker_id,
+                                  "jobs": rescued})
 
     async def _work(self, engine: AsyncEngine, guards: Sequence[asyncio.Future[Any]]) -> None:
         """Run the lanes until they finish (burst), a stop, or a guard trips."""
@@ -328,7 +351,9 @@ class JobRunner:
         transactions roll back (nothing half-done commits)."""
         self._abandon.set()
         logger.warning("abandoning %d running lane(s); their jobs go back to the queue",
-                       sum(not t.done() for t in tasks))
+                       sum(not t.done() for t in tasks),
+                       extra={"event": "lanes_abandoned", "worker_id": self.worker_id,
+                              "lanes": sum(not t.done() for t in tasks)})
         for lane in lanes:
             lane.cut()
         if hand_back:  # make sure the server has let go before taking the jobs back
@@ -350,7 +375,9 @@ class JobRunner:
         n = int(row["n"]) if row else 0
         self.stats.handed_back += n
         if n:
-            logger.info("handed back %d job(s) that did not run", n)
+            logger.info("handed back %d job(s) that did not run", n,
+                        extra={"event": "jobs_handed_back", "worker_id": self.worker_id,
+                               "jobs": n})
         return n
 
     async def sleep_unless_stopping(self, seconds: float) -> None:
@@ -362,7 +389,9 @@ class JobRunner:
         self.state = "stopped"
         report = {"status": "stopped", "worker_id": self.worker_id,
                   "was_active": self.was_active, **self.stats.report()}
-        logger.info("worker %d stopped: %s", self.worker_id, json.dumps(report))
+        logger.info("worker %d stopped: %s", self.worker_id, json.dumps(report),
+                    extra={"event": "worker_stopped", "worker_id": self.worker_id,
+                           "report": report})
         return report
 
     async def _close_monitor(self, monitor: asyncpg.Connection) -> None:

@@ -1,0 +1,191 @@
+"""Structured logs: one event per line, text or JSON, from a real worker."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from jobqueue import HandlerRegistry, current_job, db, enqueue, enqueue_many
+from jobqueue.logs import JsonFormatter, configure_logging
+from jobqueue.testing import drain
+from tests.conftest import ROOT
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def registry() -> HandlerRegistry:
+    r = HandlerRegistry()
+
+    @r.register("ok")
+    async def ok(session: AsyncSession, payload: dict[str, Any]) -> None:
+        return None
+
+    @r.register("boom")
+    async def boom(session: AsyncSession, payload: dict[str, Any]) -> None:
+        raise RuntimeError("boom")
+
+    return r
+
+
+def events(stream: io.StringIO) -> list[dict[str, Any]]:
+    lines = stream.getvalue().splitlines()
+    assert lines, "nothing was logged"
+    return [json.loads(line) for line in lines]  # every line is one JSON object
+
+
+async def test_json_lines_carry_the_job_fields(engine: AsyncEngine, db_url: str) -> None:
+    async with engine.begin() as c:
+        done = await enqueue(c, "ok", {})
+        failed = await enqueue(c, "boom", {}, max_retries=0)
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream=stream)
+    await drain(db_url, registry=registry())
+
+    logged = events(stream)
+    completed = [e for e in logged if e.get("event") == "job_completed"]
+    assert [e["job_id"] for e in completed] == [str(done)]
+    event = completed[0]
+    assert event["level"] == "INFO" and event["logger"] == "jobqueue.worker"
+    assert event["job_type"] == "ok" and event["attempt"] == 1
+    assert isinstance(event["duration_ms"], float) and 0 <= event["duration_ms"] < 10_000
+    assert isinstance(event["worker_id"], int) and event["worker_id"] > 0
+    assert event["message"] == (f"job {done} (ok) attempt 1 completed in "
+                                f"{event['duration_ms']:.1f} ms")
+    ts = datetime.fromisoformat(event["ts"])
+    assert ts.tzinfo is not None and abs((datetime.now(UTC) - ts).total_seconds()) < 60
+
+    failure = next(e for e in logged if e.get("event") == "job_failed")
+    assert failure["level"] == "WARNING" and failure["job_id"] == str(failed)
+    assert failure["job_type"] == "boom" and failure["attempt"] == 1
+    assert failure["error"] == "RuntimeError: boom" and failure["retry"] is False
+    assert failure["duration_ms"] >= 0 and failure["worker_id"] == event["worker_id"]
+    stopped = next(e for e in logged if e.get("event") == "worker_stopped")
+    assert stopped["report"]["processed"] == 1 and stopped["report"]["failed"] == 1
+
+
+async def test_text_lines_read_like_sentences(engine: AsyncEngine, db_url: str) -> None:
+    async with engine.begin() as c:
+        job_id = await enqueue(c, "ok", {})
+    stream = io.StringIO()
+    configure_logging("INFO", "text", stream=stream)
+    await drain(db_url, registry=registry())
+    pattern = (r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO jobqueue\.worker: "
+               rf"job {job_id} \(ok\) attempt 1 completed in \d+\.\d ms")
+    assert len([ln for ln in stream.getvalue().splitlines() if re.fullmatch(pattern, ln)]) == 1
+
+
+async def test_completions_are_not_logged_below_info(engine: AsyncEngine, db_url: str) -> None:
+    async with engine.begin() as c:
+        await enqueue_many(c, "ok", [{}] * 5)
+        await enqueue(c, "boom", {}, max_retries=0)
+    stream = io.StringIO()
+    configure_logging("WARNING", "json", stream=stream)
+    report = await drain(db_url, registry=registry())
+    assert report["processed"] == 5
+    assert [e["event"] for e in events(stream)] == ["job_failed"]
+
+
+async def test_a_completion_is_logged_only_once_committed(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    """A job whose batch cannot commit (another worker took it meanwhile) ran
+    its handler but is not done: no completion may be logged for it."""
+    r = registry()
+    tamper = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+
+    @r.register("stolen")
+    async def stolen(session: AsyncSession, payload: dict[str, Any]) -> None:
+        # As if this worker had been fenced and another one claimed the job.
+        await tamper.execute("UPDATE jobs SET worker_id = -1 WHERE id = $1", current_job().id)
+
+    async with engine.begin() as c:
+        taken = await enqueue(c, "stolen", {})
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream=stream)
+    try:
+        await drain(db_url, registry=r, batch_size=1)
+    finally:
+        await tamper.close()
+    logged = events(stream)
+    assert any(e.get("event") == "batch_lost" for e in logged)
+    assert not [e for e in logged if e.get("job_id") == str(taken)
+                and e.get("event") == "job_completed"]
+    assert await conn.fetchval("SELECT status FROM jobs WHERE id = $1", taken) != "completed"
+
+
+def test_json_formatter_keeps_one_line_and_any_value() -> None:
+    logger = logging.getLogger("jobqueue.test")
+    record = logger.makeRecord(
+        "jobqueue.test", logging.ERROR, __file__, 1, "two\nlines: %s", ("x",), None,
+        extra={"job_id": uuid.UUID(int=1), "at": datetime(2030, 1, 1, tzinfo=UTC)})
+    try:
+        raise RuntimeError("inner")
+    except RuntimeError:
+        record.exc_info = sys.exc_info()
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["message"] == "two\nlines: x" and entry["level"] == "ERROR"
+    assert entry["job_id"] == str(uuid.UUID(int=1)) and entry["at"].startswith("2030-01-01")
+    assert "RuntimeError: inner" in entry["exception"]
+
+
+def test_configure_logging_replaces_its_own_handler_only() -> None:
+    root = logging.getLogger()
+    other = logging.NullHandler()
+    root.addHandler(other)
+    first = configure_logging("DEBUG", "text", stream=io.StringIO())
+    second = configure_logging("WARNING", "json", stream=io.StringIO())
+    assert other in root.handlers and second in root.handlers and first not in root.handlers
+    assert root.level == logging.WARNING
+    with pytest.raises(ValueError, match="log format"):
+        configure_logging("INFO", "xml")  # type: ignore[arg-type]
+
+
+def run_cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": url}
+    return subprocess.run([sys.executable, "-m", "jobqueue", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("position", ["after", "before"])
+async def test_worker_log_format_json_from_the_command_line(
+    engine: AsyncEngine, db_url: str, position: str
+) -> None:
+    async with engine.begin() as c:
+        job_id = await enqueue(c, "send_email", {"to": "a@x"})
+    option = ["--log-format", "json"]
+    args = (["worker", *option] if position == "after" else [*option, "worker"])
+    result = run_cli(*args, "--import", "jobqueue.examples", "--burst", url=db_url)
+    assert result.returncode == 0, result.stderr
+    logged = [json.loads(line) for line in result.stderr.splitlines()]
+    done = [e for e in logged if e.get("event") == "job_completed"]
+    assert [(e["job_id"], e["job_type"], e["attempt"]) for e in done] == [
+        (str(job_id), "send_email", 1)]
+    assert "duration_ms" in done[0] and "worker_id" in done[0]
+
+
+def test_an_unknown_log_format_is_a_usage_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "jobqueue", "status", "--log-format", "xml"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "invalid choice: 'xml'" in result.stderr
