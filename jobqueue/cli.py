@@ -14,6 +14,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -122,6 +123,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
     report = asyncio.run(runner.run())
     if args.json:
         print(json.dumps(report))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from jobqueue.api import create_app
+    except ImportError as e:
+        raise CliError(f"the HTTP API needs the `api` extra (pip install 'jobqueue[api]'): "
+                       f"{e}") from None
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be between 0 and 65535, not {args.port}")
+    if args.max_body_bytes < 1:
+        raise CliError("--max-body-bytes must be at least 1")
+    app = create_app(max_body_bytes=args.max_body_bytes)
+    # uvicorn finishes open requests on SIGTERM, then raises the signal again
+    # for whatever handler was there before: this one makes it a clean exit 0.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        # log_config=None: uvicorn's loggers go through ours (--log-format applies).
+        uvicorn.run(app, host=args.host, port=args.port, log_config=None,
+                    log_level=args.log_level.lower())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -261,6 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--window", type=float, default=300.0,
                    help="seconds of recent history to summarise (default 300)")
     s.set_defaults(func=cmd_status)
+
+    s = add("serve", help="run the HTTP API (FastAPI) until SIGTERM or SIGINT")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--max-body-bytes", type=int, default=1024 * 1024,
+                   help="largest request body accepted (default 1 MiB)")
+    s.set_defaults(func=cmd_serve)
     return p
 
 

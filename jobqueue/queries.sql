@@ -239,3 +239,114 @@ SELECT id, job_type, payload, status, retry_count, max_retries, next_retry_at, r
        error_message, error_history, result, created_at, started_at, completed_at, worker_id
 FROM jobs
 WHERE id = :id;
+
+-- ---- HTTP API and observability ----
+
+-- api_list_jobs --
+-- A page of jobs, newest first, optionally of one status and one type. Keyset
+-- pagination: (:before_created_at, :before_id) is the last row of the previous
+-- page (NULL for the first), so a deep page costs what the first one does and
+-- jobs added meanwhile never shift a page (each job shows up once).
+SELECT id, job_type, status, retry_count, max_retries, run_at, next_retry_at,
+       error_message, created_at, started_at, completed_at,
+       jsonb_array_length(error_history)
+           + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts
+FROM jobs
+WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
+  AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+  AND (CAST(:before_created_at AS timestamptz) IS NULL
+       OR (created_at, id) < (CAST(:before_created_at AS timestamptz), CAST(:before_id AS uuid)))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- job_status --
+-- One job's status; no row: no such job.
+SELECT status FROM jobs WHERE id = :id;
+
+-- api_retry_job --
+-- Run a failed job again: pending, due now, its retries renewed, its error
+-- history kept. Only a `failed` job qualifies (no row back otherwise); idle
+-- workers are woken at commit.
+WITH retried AS (
+    UPDATE jobs
+    SET status = 'pending', retry_count = 0, run_at = now(), next_retry_at = NULL,
+        started_at = NULL, completed_at = NULL, worker_id = NULL
+    WHERE id = :id AND status = 'failed'
+    RETURNING id
+)
+SELECT id, pg_notify('jobqueue', '') AS notified FROM retried;
+
+-- api_cancel_job --
+-- Cancel a job that has not started: it ends `failed` with :error_message
+-- ('cancelled…') and no entry in error_history (no attempt was made). If a
+-- worker claims it at the same instant, one of the two waits for the other's
+-- row lock: a claim that won leaves it `processing`, and no row comes back.
+UPDATE jobs
+SET status = 'failed', error_message = :error_message, completed_at = statement_timestamp(),
+    next_retry_at = NULL, started_at = NULL
+WHERE id = :id AND status IN ('pending', 'retrying')
+RETURNING id;
+
+-- metrics_jobs --
+-- How many jobs are in each state, by type.
+SELECT status, job_type, count(*) AS n FROM jobs GROUP BY status, job_type;
+
+-- queue_health --
+-- Seconds the longest-waiting due job has been due (NULL: none waiting), and
+-- the jobs table's upkeep as PostgreSQL's statistics see it.
+SELECT (SELECT extract(epoch FROM now() - min(run_at))
+        FROM jobs
+        WHERE status IN ('pending', 'retrying') AND run_at <= now()) AS oldest_pending_age,
+       s.n_live_tup AS live_tuples, s.n_dead_tup AS dead_tuples,
+       extract(epoch FROM s.last_autovacuum) AS last_autovacuum
+FROM (SELECT to_regclass('jobs') AS relid) AS t
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = t.relid;
+
+-- metrics_finished --
+-- Jobs that finished (completed, or failed for good) in the last :window
+-- seconds, grouped by type, status and histogram bucket of their wait (from
+-- due to the start of their last attempt) and run time. A bucket is given as
+-- how many of the histogram's bounds are at or above the value: :neg_bounds
+-- holds the bounds negated, smallest first, so width_bucket counts them.
+-- Cancelled jobs never started and are left out.
+WITH finished AS (
+    SELECT job_type, status,
+           greatest(CAST(extract(epoch FROM started_at - greatest(created_at, run_at))
+                         AS float8), 0) AS wait,
+           greatest(CAST(extract(epoch FROM completed_at - started_at) AS float8), 0) AS run
+    FROM jobs
+    WHERE completed_at >= now() - make_interval(secs => :window) AND started_at IS NOT NULL
+)
+SELECT job_type, status,
+       width_bucket(-wait, CAST(:neg_bounds AS float8[])) AS wait_above,
+       width_bucket(-run, CAST(:neg_bounds AS float8[])) AS run_above,
+       count(*) AS n, sum(wait) AS wait_sum, sum(run) AS run_sum
+FROM finished
+GROUP BY 1, 2, 3, 4;
+
+-- metrics_failed_attempts --
+-- Failed attempts recorded in the last :window seconds, by type, and how many
+-- of them were scheduled again: all but the attempt that failed a job for
+-- good, which `fail` records at the very instant it sets completed_at.
+SELECT j.job_type, count(*) AS failed_attempts,
+       count(*) FILTER (
+           WHERE j.completed_at IS DISTINCT FROM CAST(e ->> 'at' AS timestamptz)) AS retries
+FROM jobs AS j, jsonb_array_elements(j.error_history) AS e
+WHERE (j.status IN ('pending', 'processing', 'retrying')
+       OR j.completed_at >= now() - make_interval(secs => :window))
+  AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
+GROUP BY j.job_type;
+
+-- api_get_job --
+-- One job for the HTTP API, with its attempts (failed ones recorded, plus a
+-- running or successful one). The JSON columns come as text and go into the
+-- response as they are: no parsing, however large or deeply nested.
+SELECT id, job_type, status,
+       jsonb_array_length(error_history)
+           + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts,
+       retry_count, max_retries, run_at, next_retry_at, error_message,
+       created_at, started_at, completed_at, worker_id,
+       CAST(payload AS text) AS payload, CAST(error_history AS text) AS error_history,
+       CAST(result AS text) AS result
+FROM jobs
+WHERE id = :id;

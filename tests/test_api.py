@@ -1,0 +1,592 @@
+"""The HTTP API, driven with httpx against the real database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from jobqueue import HandlerRegistry, RetryPolicy, api, enqueue_many
+from jobqueue.api import TOKEN_ENV, create_app, create_router
+from jobqueue.cli import build_parser
+from jobqueue.queries import queries
+from jobqueue.testing import drain, wait_for
+from tests.conftest import ROOT
+
+TOKEN = "s3cret-token"
+
+
+def client_for(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+@pytest.fixture
+async def make_client(db_url: str, monkeypatch: pytest.MonkeyPatch
+                      ) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
+    """Build an app (after the test set the environment) and a client for it."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    apps: list[FastAPI] = []
+
+    def make(**options: Any) -> httpx.AsyncClient:
+        app = create_app(db_url, **options)
+        apps.append(app)
+        return client_for(app)
+
+    yield make
+    for app in apps:
+        await app.state.jobqueue_engine.dispose()
+
+
+@pytest.fixture
+async def client(make_client: Callable[..., httpx.AsyncClient]
+                 ) -> AsyncIterator[httpx.AsyncClient]:
+    async with make_client() as c:
+        yield c
+
+
+async def post_job(client: httpx.AsyncClient, **body: Any) -> uuid.UUID:
+    response = await client.post("/jobs", json={"job_type": "t", **body})
+    assert response.status_code == 201, response.text
+    return uuid.UUID(response.json()["id"])
+
+
+def always_failing() -> HandlerRegistry:
+    registry = HandlerRegistry()
+
+    @registry.register("t")
+    async def fail(session: AsyncSession, payload: dict[str, Any]) -> None:
+        raise RuntimeError("boom")
+
+    return registry
+
+
+def succeeding() -> HandlerRegistry:
+    registry = HandlerRegistry()
+
+    @registry.register("t")
+    async def ok(session: AsyncSession, payload: dict[str, Any]) -> dict[str, Any]:
+        return {"echo": payload}
+
+    return registry
+
+
+# -- enqueue and read ---------------------------------------------------------------
+
+
+async def test_enqueue_then_read_the_job(client: httpx.AsyncClient, conn: asyncpg.Connection
+                                         ) -> None:
+    response = await client.post("/jobs", json={
+        "job_type": "send_email", "payload": {"to": "a@x", "n": [1, 2.5, None]},
+        "max_retries": 5, "run_at": "2031-05-01T10:00:00+02:00"})
+    assert response.status_code == 201, response.text
+    job_id = uuid.UUID(response.json()["id"])
+    assert response.headers["location"] == f"http://test/jobs/{job_id}"
+
+    row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+    assert row["job_type"] == "send_email" and row["max_retries"] == 5
+    assert json.loads(row["payload"]) == {"to": "a@x", "n": [1, 2.5, None]}
+    assert row["run_at"].isoformat() == "2031-05-01T08:00:00+00:00"
+
+    job = (await client.get(f"/jobs/{job_id}")).json()
+    assert job["id"] == str(job_id) and job["status"] == "pending"
+    assert job["attempts"] == 0 and job["retry_count"] == 0 and job["error_history"] == []
+    assert job["payload"] == {"to": "a@x", "n": [1, 2.5, None]} and job["result"] is None
+    assert datetime.fromisoformat(job["run_at"]) == row["run_at"]
+    assert datetime.fromisoformat(job["created_at"]) == row["created_at"]
+    assert job["started_at"] is None and job["completed_at"] is None
+
+
+async def test_defaults_and_a_finished_job(client: httpx.AsyncClient, db_url: str) -> None:
+    job_id = await post_job(client)
+    await drain(db_url, registry=succeeding())
+    job = (await client.get(f"/jobs/{job_id}")).json()
+    assert job["status"] == "completed" and job["attempts"] == 1
+    assert job["max_retries"] == 3 and job["payload"] == {} and job["result"] == {"echo": {}}
+    started, completed = (datetime.fromisoformat(job[k]) for k in ("started_at", "completed_at"))
+    assert datetime.fromisoformat(job["created_at"]) <= started <= completed
+
+
+BIG = "x" * 1_000_001
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"job_type": "t", "payload": [1, 2]}, "must be a JSON object"),
+        ({"job_type": "t", "payload": "text"}, "must be a JSON object"),
+        ({"job_type": "t", "payload": {"a": "nul \u0000 here"}}, "NUL"),
+        ({"job_type": "t", "payload": {"k\u0000": 1}}, "NUL"),
+        ({"job_type": "t", "payload": {"a": "\ud800"}}, "surrogate"),
+        ({"job_type": "t", "payload": {"big": BIG}}, "the limit is 1,000,000"),
+        ({"job_type": "x" * 101}, "limit is 100"),
+        ({"job_type": ""}, "must not be empty"),
+        ({"job_type": 7}, "must be a string"),
+        ({"job_type": "a\u0000b"}, "NUL"),
+        ({"job_type": "\udcff"}, "surrogate"),
+        ({"payload": {}}, "Field required"),
+        ({"job_type": "t", "max_retries": -1}, "between 0 and 1000"),
+        ({"job_type": "t", "max_retries": 1001}, "between 0 and 1000"),
+        ({"job_type": "t", "max_retries": "3"}, "whole number"),
+        ({"job_type": "t", "max_retries": True}, "whole number"),
+        ({"job_type": "t", "max_retries": 2.5}, "whole number"),
+        ({"job_type": "t", "run_at": "next tuesday"}, "ISO 8601"),
+        ({"job_type": "t", "run_at": "2030-01-01T00:00:00"}, "time zone"),
+        ({"job_type": "t", "run_at": 1700000000}, "ISO 8601"),
+        ({"job_type": "t", "run_at": "0001-01-01T00:00:00+14:00"}, "out of range"),
+        ({"job_type": "t", "priority": 1}, "Extra inputs"),
+    ],
+)
+async def test_bad_input_is_a_422_with_a_message(
+    client: httpx.AsyncClient, conn: asyncpg.Connection, body: dict[str, Any], message: str
+) -> None:
+    # json.dumps escapes lone surrogates (\\ud800), as any JSON client may send them.
+    response = await client.post("/jobs", content=json.dumps(body),
+                                 headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert message in response.text
+    assert len(response.content) < 2000  # the input is not echoed back
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "message"),
+    [
+        (b'{"job_type": "t", ', 422, "JSON decode error"),
+        (b'{"job_type": "t", "payload": {"n": 1e400}}', 422, "not valid JSON"),  # inf
+        (b'{"job_type": "t", "payload": {"n": ' + b"9" * 5000 + b"}}", 400, "parsing the body"),
+        (b'{"job_type": "t", "payload": ' + b"[" * 600 + b"]" * 600 + b"}", 422, "JSON object"),
+        (b'{"job_type": "t", "payload": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400,
+         "parsing the body"),
+        (b'["t"]', 422, "valid dictionary"),
+    ],
+)
+async def test_bodies_python_or_postgresql_cannot_take_are_4xx(
+    client: httpx.AsyncClient, conn: asyncpg.Connection, content: bytes, status: int,
+    message: str
+) -> None:
+    response = await client.post("/jobs", content=content,
+                                 headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text[:500]
+    assert message in response.text
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_deeply_nested_payload_that_fits_is_stored_and_read_back(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    # Deeper than pydantic serializes (255 levels), not as deep as Python parses.
+    body = '{"job_type": "t", "payload": ' + '{"a": ' * 900 + "1" + "}" * 900 + "}"
+    response = await client.post("/jobs", content=body,
+                                 headers={"content-type": "application/json"})
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    assert await conn.fetchval("SELECT payload #>> $1 FROM jobs", ["a"] * 900) == "1"
+    response = await client.get(f"/jobs/{job_id}")
+    assert response.status_code == 200
+    assert response.text.count('{"a": ') == 900 and response.json()["id"] == job_id
+
+
+async def test_malformed_and_unknown_ids(client: httpx.AsyncClient) -> None:
+    unknown = uuid.uuid4()
+    for method, path in [("GET", "/jobs/{}"), ("POST", "/jobs/{}/retry"),
+                         ("DELETE", "/jobs/{}")]:
+        bad = await client.request(method, path.format("not-a-uuid"))
+        assert bad.status_code == 422 and "UUID" in bad.text, (method, bad.text)
+        missing = await client.request(method, path.format(unknown))
+        assert missing.status_code == 404, (method, missing.text)
+        assert missing.json() == {"detail": f"no job {unknown}"}
+
+
+# -- listing --------------------------------------------------------------------------
+
+
+async def test_pages_hold_every_job_once_newest_first(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    async with engine.begin() as c:
+        ids = await enqueue_many(c, "t", [{"n": n} for n in range(23)])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 5, **({"before": cursor} if cursor else {})}
+        page = (await client.get("/jobs", params=params)).json()
+        seen += [j["id"] for j in page["jobs"]]
+        assert len(page["jobs"]) <= 5 and "payload" not in page["jobs"][0]
+        if len(seen) == 5:
+            await post_job(client)  # a job enqueued while paging shifts nothing
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(map(str, ids)) and len(seen) == len(set(seen)) == 23
+    assert seen == [str(i) for i in reversed(ids)]  # created_at order: newest first
+
+
+async def test_list_filters_by_status_and_type(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
+    done = await post_job(client)
+    await drain(db_url, registry=succeeding())
+    waiting = await post_job(client)
+    other = await post_job(client, job_type="other")
+
+    async def ids(**params: Any) -> set[str]:
+        response = await client.get("/jobs", params=params)
+        assert response.status_code == 200, response.text
+        return {j["id"] for j in response.json()["jobs"]}
+
+    assert await ids(status="completed") == {str(done)}
+    assert await ids(status="pending") == {str(waiting), str(other)}
+    assert await ids(status="pending", job_type="other") == {str(other)}
+    assert await ids(job_type="t") == {str(done), str(waiting)}
+    assert await ids(job_type="none") == set()
+    page = (await client.get("/jobs", params={"status": "completed"})).json()
+    assert page["jobs"][0]["attempts"] == 1 and page["next"] is None
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"status": "done"}, "'pending'"),
+        ({"limit": 0}, "greater than or equal to 1"),
+        ({"limit": 501}, "less than or equal to 500"),
+        ({"limit": "many"}, "valid integer"),
+        ({"before": "garbage"}, "not a cursor"),
+        ({"before": "MjAzMC0wMS0wMVQwMDowMDowMHxub3BlCg"}, "not a cursor"),
+        ({"job_type": "x" * 101}, "limit is 100"),
+        ({"job_type": "a\u0000"}, "NUL"),
+    ],
+)
+async def test_bad_list_parameters_are_422(client: httpx.AsyncClient,
+                                           params: dict[str, Any], message: str) -> None:
+    response = await client.get("/jobs", params=params)
+    assert response.status_code == 422, response.text
+    assert message in response.text
+
+
+# -- retry and cancel ----------------------------------------------------------------
+
+
+async def test_retry_a_failed_job(client: httpx.AsyncClient, db_url: str,
+                                  conn: asyncpg.Connection) -> None:
+    job_id = await post_job(client, max_retries=1)
+    await drain(db_url, registry=always_failing(), retry_policy=RetryPolicy(base=0, jitter=0))
+    failed = (await client.get(f"/jobs/{job_id}")).json()
+    assert failed["status"] == "failed" and failed["attempts"] == 2
+
+    woken = asyncio.Event()
+    await conn.add_listener("jobqueue", lambda *_: woken.set())
+    response = await client.post(f"/jobs/{job_id}/retry")
+    assert response.status_code == 200, response.text
+    job = response.json()
+    assert job["status"] == "pending" and job["retry_count"] == 0
+    assert job["completed_at"] is None and job["next_retry_at"] is None
+    assert [e["attempt"] for e in job["error_history"]] == [1, 2]  # history kept
+    assert job["error_message"] == "RuntimeError: boom"
+    await asyncio.wait_for(woken.wait(), 5)  # idle workers hear of it
+
+    await drain(db_url, registry=succeeding())
+    job = (await client.get(f"/jobs/{job_id}")).json()
+    assert job["status"] == "completed" and job["attempts"] == 3
+
+    again = await client.post(f"/jobs/{job_id}/retry")
+    assert again.status_code == 409
+    assert again.json()["detail"] == (f"job {job_id} is completed; "
+                                      "only failed jobs can be retried")
+    pending = await post_job(client)
+    conflict = await client.post(f"/jobs/{pending}/retry")
+    assert conflict.status_code == 409 and "is pending" in conflict.text
+    assert await conn.fetchval("SELECT status FROM jobs WHERE id = $1", pending) == "pending"
+
+
+async def test_cancel_a_job_that_has_not_started(client: httpx.AsyncClient, db_url: str,
+                                                 conn: asyncpg.Connection) -> None:
+    plain = await post_job(client)
+    reasoned = await post_job(client)
+    response = await client.delete(f"/jobs/{plain}")
+    assert response.status_code == 200, response.text
+    job = response.json()
+    assert job["status"] == "failed" and job["error_message"] == "cancelled"
+    assert job["error_history"] == [] and job["attempts"] == 0
+    assert job["completed_at"] is not None and job["started_at"] is None
+    response = await client.delete(f"/jobs/{reasoned}", params={"reason": "customer left"})
+    assert response.json()["error_message"] == "cancelled: customer left"
+
+    report = await drain(db_url, registry=succeeding())  # nothing left to run
+    assert report["processed"] == 0 and report["failed"] == 0
+    again = await client.delete(f"/jobs/{plain}")
+    assert again.status_code == 409 and again.json()["detail"] == (
+        f"job {plain} is failed; only pending or retrying jobs can be cancelled")
+
+    # A cancelled job is a failed one: it can be run again.
+    assert (await client.post(f"/jobs/{plain}/retry")).json()["status"] == "pending"
+
+
+async def test_cancel_a_retrying_job(client: httpx.AsyncClient, db_url: str) -> None:
+    job_id = await post_job(client, max_retries=3)
+    await drain(db_url, registry=always_failing(),
+                retry_policy=RetryPolicy(base=3600, jitter=0))  # next retry in an hour
+    assert (await client.get(f"/jobs/{job_id}")).json()["status"] == "retrying"
+    job = (await client.delete(f"/jobs/{job_id}")).json()
+    assert job["status"] == "failed" and job["next_retry_at"] is None
+    assert len(job["error_history"]) == 1  # the real attempt, and nothing for the cancel
+
+
+async def test_a_claimed_job_cannot_be_cancelled(client: httpx.AsyncClient,
+                                                 conn: asyncpg.Connection) -> None:
+    job_id = await post_job(client)
+    claimed = await queries["claim"].fetch(conn, limit=1, worker_id=42)  # a worker took it
+    assert [r["id"] for r in claimed] == [job_id]
+    response = await client.delete(f"/jobs/{job_id}")
+    assert response.status_code == 409 and "is processing" in response.text
+    row = await conn.fetchrow("SELECT status, error_message FROM jobs WHERE id = $1", job_id)
+    assert tuple(row) == ("processing", None)
+
+
+@pytest.mark.parametrize(("reason", "message"),
+                         [("a\u0000b", "NUL"), ("x" * 2000, "at most 1989 characters")])
+async def test_bad_cancel_reasons_are_422(client: httpx.AsyncClient, conn: asyncpg.Connection,
+                                          reason: str, message: str) -> None:
+    job_id = await post_job(client)
+    response = await client.delete(f"/jobs/{job_id}", params={"reason": reason})
+    assert response.status_code == 422 and message in response.text
+    assert await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job_id) == "pending"
+
+
+# -- guards: body size, token ------------------------------------------------------------
+
+
+async def test_bodies_over_the_limit_are_413_before_parsing(
+    make_client: Callable[..., httpx.AsyncClient], conn: asyncpg.Connection
+) -> None:
+    async with make_client(max_body_bytes=1000) as client:
+        body = json.dumps({"job_type": "t", "payload": {"s": "x" * 1000}}).encode()
+        response = await client.post("/jobs", content=body,
+                                     headers={"content-type": "application/json"})
+        assert response.status_code == 413
+        assert response.json() == {"detail": "request body is larger than the limit of "
+                                              "1,000 bytes"}
+
+        async def chunks() -> AsyncIterator[bytes]:  # streamed: no Content-Length
+            yield b'{"job_type": "t", "payload": {"s": "'
+            for _ in range(10):
+                yield b"x" * 200
+            yield b'"}}'
+
+        streamed = await client.post("/jobs", content=chunks(),
+                                     headers={"content-type": "application/json"})
+        assert "content-length" not in streamed.request.headers
+        assert streamed.status_code == 413
+
+        # A lying Content-Length is refused before anything is read.
+        lying = await client.post("/jobs", content=b"{}", headers={
+            "content-type": "application/json", "content-length": "5000"})
+        assert lying.status_code == 413
+
+        ok = await client.post("/jobs", json={"job_type": "t", "payload": {"s": "x" * 900}})
+        assert ok.status_code == 201
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 1
+
+
+async def test_default_limit_is_one_mebibyte(client: httpx.AsyncClient) -> None:
+    body = b'{"job_type": "t", "payload": {"s": "' + b"x" * (1024 * 1024) + b'"}}'
+    response = await client.post("/jobs", content=body,
+                                 headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "1,048,576 bytes" in response.text
+
+
+async def test_token_guards_every_route(make_client: Callable[..., httpx.AsyncClient],
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        conn: asyncpg.Connection) -> None:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    async with make_client() as client:
+        routes = [("GET", "/jobs"), ("GET", f"/jobs/{uuid.uuid4()}"), ("POST", "/jobs"),
+                  ("POST", f"/jobs/{uuid.uuid4()}/retry"), ("DELETE", f"/jobs/{uuid.uuid4()}"),
+                  ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs")]
+        for headers in ({}, {"Authorization": "Bearer wrong"},
+                        {"Authorization": f"Basic {TOKEN}"}, {"Authorization": TOKEN}):
+            for method, path in routes:
+                response = await client.request(method, path, headers=headers,
+                                                json={"job_type": "t"})
+                assert response.status_code == 401, (method, path, headers, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+        # The token is checked before the body is even read.
+        huge = await client.post("/jobs", content=b"x" * (2 * 1024 * 1024))
+        assert huge.status_code == 401
+        assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        created = await client.post("/jobs", json={"job_type": "t"}, headers=auth)
+        assert created.status_code == 201
+        for path in ("/jobs", f"/jobs/{created.json()['id']}", "/metrics", "/openapi.json",
+                     "/docs"):
+            assert (await client.get(path, headers=auth)).status_code == 200, path
+
+
+async def test_no_token_when_the_variable_is_empty(
+    make_client: Callable[..., httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "")
+    async with make_client() as client:
+        assert (await client.get("/jobs")).status_code == 200
+
+
+# -- the schema, the router in another app, a registry --------------------------------------
+
+
+async def test_openapi_schema_lists_the_routes(client: httpx.AsyncClient) -> None:
+    schema = (await client.get("/openapi.json")).json()
+    paths = schema["paths"]
+    assert set(paths["/jobs"]) == {"get", "post"}
+    assert set(paths["/jobs/{job_id}"]) == {"get", "delete"}
+    assert set(paths["/jobs/{job_id}/retry"]) == {"post"}
+    assert set(paths["/metrics"]) == {"get"}
+    assert "/openapi.json" not in paths and "/docs" not in paths
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    new_job = schema["components"]["schemas"]["NewJob"]
+    assert set(new_job["properties"]) == {"job_type", "payload", "max_retries", "run_at"}
+    assert new_job["required"] == ["job_type"]
+    docs = await client.get("/docs")
+    assert docs.status_code == 200 and "/openapi.json" in docs.text
+
+
+async def test_router_in_an_app_of_your_own(engine: AsyncEngine, conn: asyncpg.Connection
+                                            ) -> None:
+    app = FastAPI()
+    app.include_router(create_router(engine, token=None, max_body_bytes=500), prefix="/queue")
+    async with client_for(app) as client:
+        response = await client.post("/queue/jobs", json={"job_type": "t", "payload": {"a": 1}})
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+        assert response.headers["location"] == f"http://test/queue/jobs/{job_id}"
+        assert (await client.get(f"/queue/jobs/{job_id}")).json()["payload"] == {"a": 1}
+        too_big = await client.post("/queue/jobs", json={"job_type": "t", "payload": {
+            "s": "x" * 600}})
+        assert too_big.status_code == 413  # the guards travel with the router
+        assert (await client.get("/queue/metrics")).status_code == 200
+
+
+async def test_module_router_with_your_own_sessions(engine: AsyncEngine, db_url: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)  # read at each request by the module's router
+    sessions = async_sessionmaker(engine)
+
+    async def my_session() -> AsyncIterator[AsyncSession]:
+        async with sessions() as session:
+            yield session
+
+    app = FastAPI()
+    app.include_router(api.router)
+    app.dependency_overrides[api.get_connection] = my_session
+    async with client_for(app) as client:
+        assert (await client.post("/jobs", json={"job_type": "t"})).status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        response = await client.post("/jobs", json={"job_type": "t"}, headers=auth)
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+        await drain(db_url, registry=always_failing(), retry_policy=RetryPolicy(base=0, jitter=0))
+        retried = await client.post(f"/jobs/{job_id}/retry", headers=auth)
+        assert retried.status_code == 200 and retried.json()["status"] == "pending"
+
+    plain = FastAPI()  # the module's router with the engine on app.state
+    plain.state.jobqueue_engine = engine
+    plain.include_router(api.router)
+    async with client_for(plain) as client:
+        page = await client.get("/jobs", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert [j["id"] for j in page.json()["jobs"]] == [job_id]
+
+
+async def test_a_registry_refuses_types_it_has_no_handler_for(
+    make_client: Callable[..., httpx.AsyncClient], conn: asyncpg.Connection
+) -> None:
+    async with make_client(registry=succeeding()) as client:
+        refused = await client.post("/jobs", json={"job_type": "nobody_handles_this"})
+        assert refused.status_code == 422
+        assert refused.json()["detail"] == ("no handler is registered for job type "
+                                            "'nobody_handles_this'")
+        assert (await client.post("/jobs", json={"job_type": "t"})).status_code == 201
+    assert await conn.fetchval("SELECT array_agg(job_type) FROM jobs") == ["t"]
+
+
+async def test_an_unreachable_database_is_503_not_500(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    app = create_app("postgresql://nobody@127.0.0.1:1/none")
+    async with client_for(app) as client:
+        response = await client.get("/jobs")
+        assert response.status_code == 503 and "unavailable" in response.text
+    await app.state.jobqueue_engine.dispose()
+
+
+# -- jobqueue serve ----------------------------------------------------------------------
+
+
+def test_serve_binds_loopback_by_default() -> None:
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port) == ("127.0.0.1", 8000)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses with a socket listening on `port` (Linux /proc)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+async def test_jobqueue_serve_answers_on_loopback_and_stops_on_sigterm(
+    db_url: str, tmp_path: Path
+) -> None:
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": db_url}
+    env.pop(TOKEN_ENV, None)
+    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "jobqueue", "serve", "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            async def answers() -> httpx.Response | None:
+                assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+                try:
+                    return await client.get("/jobs")
+                except httpx.TransportError:
+                    return None
+
+            response = await wait_for(answers, timeout=30, message="jobqueue serve answering")
+            assert response.status_code == 200 and response.json() == {"jobs": [], "next": None}
+        if os.path.exists("/proc/net/tcp"):
+            assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1 and nothing else
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()

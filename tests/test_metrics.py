@@ -1,0 +1,178 @@
+"""Metrics (`GET /metrics`), read from the database after real work."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue_many, metrics
+from jobqueue.api import TOKEN_ENV, create_app
+from jobqueue.testing import drain, wait_for
+
+
+def registry() -> HandlerRegistry:
+    r = HandlerRegistry()
+
+    @r.register("ok")
+    async def ok(session: AsyncSession, payload: dict[str, Any]) -> None:
+        return None
+
+    @r.register("bad")
+    async def bad(session: AsyncSession, payload: dict[str, Any]) -> None:
+        raise ValueError(f"bad input {payload.get('kind', 'x')}")
+
+    return r
+
+
+@pytest.fixture
+async def client(db_url: str, monkeypatch: pytest.MonkeyPatch
+                 ) -> AsyncIterator[httpx.AsyncClient]:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    app = create_app(db_url)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://test") as c:
+        yield c
+    await app.state.jobqueue_engine.dispose()
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(client: httpx.AsyncClient) -> Samples:
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == metrics.CONTENT_TYPE_LATEST
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(response.text)
+            for s in family.samples}
+
+
+def value(samples: Samples, metric: str, /, **labels: str) -> float:
+    return samples[(metric, frozenset(labels.items()))]
+
+
+async def test_metrics_after_real_work(client: httpx.AsyncClient, engine: AsyncEngine,
+                                       db_url: str, conn: asyncpg.Connection) -> None:
+    async with engine.begin() as c:
+        await enqueue_many(c, "ok", [{}] * 3)
+        await enqueue_many(c, "bad", [{"kind": "a"}, {"kind": "a"}, {"kind": "b"}],
+                           max_retries=1)
+    await drain(db_url, registry=registry(), retry_policy=RetryPolicy(base=0, jitter=0))
+    # Waiting: one job due 42 s ago, one scheduled for later (not waiting yet).
+    await conn.execute("INSERT INTO jobs (job_type, run_at) VALUES "
+                       "('ok', now() - interval '42 seconds'), ('ok', now() + interval '1 hour')")
+
+    s = await scrape(client)
+    assert value(s, "jobqueue_jobs", status="completed", job_type="ok") == 3
+    assert value(s, "jobqueue_jobs", status="pending", job_type="ok") == 2
+    assert value(s, "jobqueue_jobs", status="failed", job_type="bad") == 3
+    assert value(s, "jobqueue_jobs", status="retrying", job_type="bad") == 0  # zeros too
+    assert 42 <= value(s, "jobqueue_oldest_pending_age_seconds") < 100
+
+    assert value(s, "jobqueue_recent_window_seconds") == 60
+    assert value(s, "jobqueue_completed_recent", job_type="ok") == 3
+    assert value(s, "jobqueue_completed_recent", job_type="bad") == 0
+    assert value(s, "jobqueue_failed_recent", job_type="bad") == 3
+    assert value(s, "jobqueue_failed_attempts_recent", job_type="bad") == 6  # 2 attempts each
+    assert value(s, "jobqueue_retries_recent", job_type="bad") == 3  # the first of each
+    assert value(s, "jobqueue_throughput_jobs_per_second") == pytest.approx(6 / 60)
+
+    for name in ("jobqueue_wait_seconds", "jobqueue_run_seconds"):
+        for job_type, n in (("ok", 3), ("bad", 3)):
+            buckets = [value(s, f"{name}_bucket", job_type=job_type, le=le)
+                       for le in [*map(str, metrics.BUCKETS), "+Inf"]]
+            assert buckets == sorted(buckets) and buckets[-1] == n  # cumulative, all counted
+            assert value(s, f"{name}_gcount", job_type=job_type) == n
+            assert value(s, f"{name}_gsum", job_type=job_type) >= 0
+    # No-op handlers: every run of this test's jobs took less than a second.
+    assert value(s, "jobqueue_run_seconds_bucket", job_type="ok", le="1.0") == 3
+
+    assert value(s, "jobqueue_jobs_table_live_tuples") >= 0
+    assert value(s, "jobqueue_jobs_table_last_autovacuum_timestamp_seconds") >= 0
+    assert value(s, "jobqueue_workers", state="active") == 0  # the drain has ended
+
+    # Every claim and finish left a dead row version; the statistics catch up.
+    async def dead_tuples() -> float:
+        return value(await scrape(client), "jobqueue_jobs_table_dead_tuples")
+
+    assert await wait_for(dead_tuples, timeout=15, message="dead tuples counted") > 0
+
+
+async def test_histogram_buckets_count_values_at_or_below_their_bound(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    # Finished jobs with exact timings: waits of 5 ms (on a bound), 5.001 ms and
+    # 2 minutes (past the last bound); each ran for 0.25 s (also on a bound).
+    await conn.execute("""
+        INSERT INTO jobs (job_type, status, created_at, run_at, started_at, completed_at)
+        SELECT 'exact', 'completed', t - w, t - w, t, t + interval '250 ms'
+        FROM (SELECT now() - interval '10 seconds' AS t) AS base,
+             unnest(ARRAY[interval '5 ms', interval '5001 microseconds',
+                          interval '2 minutes']) AS w""")
+    s = await scrape(client)
+
+    def bucket(name: str, le: str) -> float:
+        return value(s, f"{name}_bucket", job_type="exact", le=le)
+
+    assert bucket("jobqueue_wait_seconds", "0.0025") == 0
+    assert bucket("jobqueue_wait_seconds", "0.005") == 1
+    assert bucket("jobqueue_wait_seconds", "0.01") == 2
+    assert bucket("jobqueue_wait_seconds", "60.0") == 2
+    assert bucket("jobqueue_wait_seconds", "+Inf") == 3
+    assert value(s, "jobqueue_wait_seconds_gsum", job_type="exact") == pytest.approx(120.010001)
+    assert bucket("jobqueue_run_seconds", "0.1") == 0
+    assert bucket("jobqueue_run_seconds", "0.25") == 3
+    assert value(s, "jobqueue_run_seconds_gsum", job_type="exact") == pytest.approx(0.75)
+
+
+async def test_jobs_outside_the_window_are_not_recent(client: httpx.AsyncClient,
+                                                       conn: asyncpg.Connection) -> None:
+    await conn.execute("""
+        INSERT INTO jobs (job_type, status, started_at, completed_at, error_history)
+        VALUES ('old', 'completed', now() - interval '2 minutes', now() - interval '61 seconds',
+                jsonb_build_array(jsonb_build_object(
+                    'attempt', 1, 'error', 'E', 'at', now() - interval '90 seconds')))""")
+    s = await scrape(client)
+    assert value(s, "jobqueue_jobs", status="completed", job_type="old") == 1
+    assert value(s, "jobqueue_completed_recent", job_type="old") == 0
+    assert value(s, "jobqueue_failed_attempts_recent", job_type="old") == 0
+    assert ("jobqueue_wait_seconds_gcount", frozenset({("job_type", "old")})) not in s
+
+
+async def test_the_active_worker_is_reported(client: httpx.AsyncClient, db_url: str) -> None:
+    runner = JobRunner(db_url, registry=registry(), install_signal_handlers=False)
+    task = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(runner.wait_active(), 10)
+
+        async def reported() -> Samples | None:
+            s = await scrape(client)
+            return s if value(s, "jobqueue_workers", state="active") == 1 else None
+
+        s = await wait_for(reported, timeout=10, message="active worker in the metrics")
+        assert value(s, "jobqueue_workers", state="standby") == 0
+        assert value(s, "jobqueue_active_worker_info", worker_id=str(runner.worker_id),
+                     name=runner.name) == 1
+        age = value(s, "jobqueue_worker_heartbeat_age_seconds",
+                    worker_id=str(runner.worker_id), name=runner.name)
+        assert 0 <= age < runner.lease
+    finally:
+        runner.stop()
+        await asyncio.wait_for(task, 30)
+    s = await scrape(client)
+    assert value(s, "jobqueue_workers", state="active") == 0
+    assert not any(name == "jobqueue_active_worker_info" for name, _ in s)
+
+
+async def test_an_empty_queue_scrapes_cleanly(client: httpx.AsyncClient) -> None:
+    s = await scrape(client)
+    assert value(s, "jobqueue_oldest_pending_age_seconds") == 0
+    assert value(s, "jobqueue_throughput_jobs_per_second") == 0
+    assert not any(name == "jobqueue_jobs" for name, _ in s)  # no types, no rows
