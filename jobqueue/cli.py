@@ -201,7 +201,15 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"  latency     p50 {ms(lat['p50'])}, p95 {ms(lat['p95'])}, p99 {ms(lat['p99'])}"
                  "  (enqueue to completion)")
     lines.append(f"  run time    p50 {ms(run['p50'])}, p95 {ms(run['p95'])}, p99 {ms(run['p99'])}")
+    oldest = s.get("oldest_pending_age_seconds")
+    lines.append("  oldest due  " + ("none waiting" if oldest is None
+                                     else f"waiting for {oldest:,.1f} s"))
     lines.append("")
+    if r.get("top_errors"):
+        lines.append(f"most frequent errors, last {s['window_seconds']:g} s")
+        lines += [f"  {e['count']:>6,} x  {e['job_type']}: {_shorten(e['error'], 90)}"
+                  for e in r["top_errors"]]
+        lines.append("")
     if s["workers"]:
         lines.append("workers")
         lines += [f"  {w['state']:<8} {w['id']:>10}  {w['name']}  "
@@ -209,6 +217,11 @@ def format_summary(s: dict[str, Any]) -> str:
     else:
         lines.append("workers     none running")
     return "\n".join(lines)
+
+
+def _shorten(text: str, width: int) -> str:
+    line = " ".join(text.split())  # one line, whatever the error looked like
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def format_job(job: dict[str, Any]) -> str:

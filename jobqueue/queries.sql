@@ -337,6 +337,18 @@ WHERE (j.status IN ('pending', 'processing', 'retrying')
   AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
 GROUP BY j.job_type;
 
+-- recent_errors --
+-- The most frequent errors of failed attempts in the last :window seconds.
+SELECT j.job_type, e ->> 'error' AS error, count(*) AS n,
+       max(CAST(e ->> 'at' AS timestamptz)) AS last_at
+FROM jobs AS j, jsonb_array_elements(j.error_history) AS e
+WHERE (j.status IN ('pending', 'processing', 'retrying')
+       OR j.completed_at >= now() - make_interval(secs => :window))
+  AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
+GROUP BY j.job_type, e ->> 'error'
+ORDER BY n DESC, last_at DESC
+LIMIT :limit;
+
 -- api_get_job --
 -- One job for the HTTP API, with its attempts (failed ones recorded, plus a
 -- running or successful one). The JSON columns come as text and go into the

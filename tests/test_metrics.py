@@ -1,4 +1,5 @@
-"""Metrics (`GET /metrics`), read from the database after real work."""
+"""Metrics (`GET /metrics`) and the `jobqueue status` summary, read from the
+database after real work."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue_many, metrics
+from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue_many, metrics, report
 from jobqueue.api import TOKEN_ENV, create_app
+from jobqueue.cli import format_summary
 from jobqueue.testing import drain, wait_for
 
 
@@ -176,3 +178,49 @@ async def test_an_empty_queue_scrapes_cleanly(client: httpx.AsyncClient) -> None
     assert value(s, "jobqueue_oldest_pending_age_seconds") == 0
     assert value(s, "jobqueue_throughput_jobs_per_second") == 0
     assert not any(name == "jobqueue_jobs" for name, _ in s)  # no types, no rows
+
+
+# -- jobqueue status ---------------------------------------------------------------------
+
+
+async def test_status_lists_the_most_frequent_recent_errors(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    async with engine.begin() as c:
+        await enqueue_many(c, "bad", [{"kind": "a"}] * 3 + [{"kind": "b"}], max_retries=1)
+        await enqueue_many(c, "ok", [{}] * 2)
+    await drain(db_url, registry=registry(), retry_policy=RetryPolicy(base=0, jitter=0))
+    await conn.execute("INSERT INTO jobs (job_type, run_at) "
+                       "VALUES ('ok', now() - interval '30 seconds')")
+
+    summary = await report.queue_summary(conn, window=300)
+    errors = summary["recent"]["top_errors"]
+    assert [(e["job_type"], e["error"], e["count"]) for e in errors] == [
+        ("bad", "ValueError: bad input a", 6), ("bad", "ValueError: bad input b", 2)]
+    assert all(e["last_at"] for e in errors)
+    assert 30 <= summary["oldest_pending_age_seconds"] < 90
+
+    text = format_summary(summary)
+    assert "most frequent errors, last 300 s" in text
+    lines = text.splitlines()
+    first = lines.index("most frequent errors, last 300 s")
+    assert lines[first + 1].split() == ["6", "x", "bad:", "ValueError:", "bad", "input", "a"]
+    assert "oldest due  waiting for" in text
+
+
+async def test_status_without_errors_says_nothing_about_them(conn: asyncpg.Connection) -> None:
+    summary = await report.queue_summary(conn, window=300)
+    assert summary["recent"]["top_errors"] == [] and summary["oldest_pending_age_seconds"] is None
+    text = format_summary(summary)
+    assert "most frequent errors" not in text and "oldest due  none waiting" in text
+
+
+async def test_long_errors_are_cut_to_one_line(conn: asyncpg.Connection) -> None:
+    error = "Traceback line one\n" + "y" * 300
+    await conn.execute("""
+        INSERT INTO jobs (job_type, status, retry_count, run_at, error_history)
+        VALUES ('t', 'retrying', 1, now() + interval '1 hour', jsonb_build_array(
+            jsonb_build_object('attempt', 1, 'error', $1::text, 'at', now())))""", error)
+    text = format_summary(await report.queue_summary(conn, window=300))
+    line = next(ln for ln in text.splitlines() if "Traceback" in ln)
+    assert "Traceback line one yyy" in line and line.endswith("…") and len(line) < 120
