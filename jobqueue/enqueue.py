@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -44,6 +44,10 @@ def check_run_at(value: object) -> datetime | None:
         raise ValueError(f"run_at must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError("run_at must carry a time zone (for example 2030-01-01T09:00:00+00:00)")
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"run_at is out of range: {value.isoformat()}") from None
     return value
 
 

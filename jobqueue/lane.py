@@ -148,6 +148,14 @@ class Lane:
             finally:
                 self.raw = None
 
+    def _connection_lost(self, conn: AsyncConnection) -> bool:
+        """Did this lane's own connection fail? A handler's `ConnectionError`
+        or `TimeoutError` from some other service (SMTP, HTTP) is the job's
+        failure, not a reason to send the whole batch back."""
+        if conn.invalidated or self.raw is None or self.raw.is_closed():
+            return True
+        return bool(conn.info.get(DB_ERROR))
+
     def cut(self) -> None:
         """Close the connection at once (abandoning: its transaction rolls back)."""
         if self.raw is not None and not self.raw.is_closed():
@@ -253,7 +261,7 @@ class Lane:
         except Exception as exc:
             if session.in_transaction():
                 await session.rollback()  # back to the savepoint: the job's writes vanish
-            if is_connection_error(exc):
+            if is_connection_error(exc) and self._connection_lost(conn):
                 raise  # not the job's fault: the whole batch goes back
             retry = job.retry_count < job.max_retries
             delay = runner.retry_policy.delay(job.attempt) if retry else 0.0

@@ -34,6 +34,10 @@ def check_job_type(job_type: object) -> str:
         )
     if "\x00" in job_type:
         raise ValueError("job type must not contain NUL characters")
+    try:
+        job_type.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("job type contains a lone surrogate, which is not valid Unicode") from None
     return job_type
 
 

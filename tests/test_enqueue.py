@@ -76,6 +76,9 @@ BAD_CALLS = [
     (("t", {}), {"max_retries": 2.5}, "whole number"),
     (("t", {}), {"run_at": datetime(2030, 1, 1)}, "time zone"),
     (("t", {}), {"run_at": "tomorrow"}, "datetime"),
+    (("t", {}), {"run_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))},
+     "out of range"),
+    (("a\ud800b", {}), {}, "surrogate"),
 ]
 
 

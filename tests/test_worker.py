@@ -375,3 +375,26 @@ async def test_many_lanes_share_the_work(engine: AsyncEngine, db_url: str, conn)
     assert await _count(conn, "completed", 40)
 
 
+
+
+async def test_a_handler_network_error_is_the_jobs_failure(engine: AsyncEngine, db_url, conn):
+    """ConnectionError or TimeoutError from another service (SMTP, HTTP) counts
+    as a failed attempt; only the lane's own database connection failing sends
+    the batch back uncounted."""
+    registry = HandlerRegistry()
+
+    @registry.register("smtp")
+    async def smtp(session: Any, payload: dict[str, Any]) -> None:
+        raise ConnectionError("SMTP server refused the connection")
+
+    @registry.register("slow_api")
+    async def slow_api(session: Any, payload: dict[str, Any]) -> None:
+        raise TimeoutError("the API did not answer")
+
+    async with engine.begin() as s:
+        smtp_job = await enqueue(s, "smtp", {}, max_retries=0)
+        api_job = await enqueue(s, "slow_api", {}, max_retries=0)
+    report = await asyncio.wait_for(drain(db_url, registry=registry), 30)
+    assert report["failed"] == 2 and report["handed_back"] == 0
+    assert "SMTP server refused" in (await job(conn, smtp_job))["error_message"]
+    assert (await job(conn, api_job))["status"] == "failed"
