@@ -24,7 +24,7 @@ from jobqueue.testing import WorkerProcess, wait_for
 TIMEOUT = 60
 
 
-async def started(conn: asyncpg.Connection) -> int:
+async def started_jobs(conn: asyncpg.Connection) -> int:
     return await conn.fetchval("SELECT count(*) FROM events WHERE kind = 'started'")
 
 
@@ -69,6 +69,15 @@ async def first_completion_after(conn: asyncpg.Connection, t0: datetime,
         t0, worker_id)
 
 
+async def put_to_work(engine: AsyncEngine, conn: asyncpg.Connection, n: int, *,
+                      sleep: float, started: int) -> None:
+    """Enqueue n `effect` jobs and wait until the workers have started some."""
+    async with engine.begin() as s:
+        await enqueue_many(s, "effect", [{"sleep": sleep} for _ in range(n)])
+    await wait_for(lambda: _at_least(started_jobs(conn), started), timeout=TIMEOUT,
+                   message="work under way")
+
+
 async def active_and_standby(conn, spawn_worker: Callable[..., WorkerProcess], *args: str
                              ) -> tuple[WorkerProcess, WorkerProcess]:
     first = spawn_worker(*args)
@@ -84,9 +93,7 @@ async def test_sigkill_of_the_active_worker_mid_batch(
     engine: AsyncEngine, spawn_worker, conn: asyncpg.Connection, record_property
 ) -> None:
     active, standby = await active_and_standby(conn, spawn_worker, "--batch-size", "10")
-    async with engine.begin() as s:
-        await enqueue_many(s, "effect", [{"sleep": 0.05} for _ in range(60)])
-    await wait_for(lambda: _at_least(started(conn), 5), timeout=TIMEOUT, message="work under way")
+    await put_to_work(engine, conn, 60, sleep=0.05, started=5)
 
     active.signal(signal.SIGKILL)
     t0 = await conn.fetchval("SELECT clock_timestamp()")
@@ -110,9 +117,7 @@ async def test_sigstop_hang_is_fenced_and_the_sleeper_cannot_finish_anything(
     args = ("--batch-size", "10", "--lease", "1.5")
     hung, standby = await active_and_standby(conn, spawn_worker, *args)
     hung_id = (await worker_row(conn, hung))["id"]
-    async with engine.begin() as s:
-        await enqueue_many(s, "effect", [{"sleep": 0.1} for _ in range(40)])
-    await wait_for(lambda: _at_least(started(conn), 3), timeout=TIMEOUT, message="work under way")
+    await put_to_work(engine, conn, 40, sleep=0.1, started=3)
 
     hung.signal(signal.SIGSTOP)
     t0 = await conn.fetchval("SELECT clock_timestamp()")
@@ -145,9 +150,7 @@ async def test_database_restart_under_a_working_worker(
 ) -> None:
     worker = spawn_worker("--batch-size", "5")
     await wait_for(lambda: state_of(conn, worker, "active"), timeout=TIMEOUT, message="active")
-    async with engine.begin() as s:
-        await enqueue_many(s, "effect", [{"sleep": 0.05} for _ in range(40)])
-    await wait_for(lambda: _at_least(started(conn), 3), timeout=TIMEOUT, message="work under way")
+    await put_to_work(engine, conn, 40, sleep=0.05, started=3)
 
     await _to_thread(embedded.EmbeddedPostgres().restart)
 
@@ -167,16 +170,14 @@ async def test_dropped_lane_and_control_connections(
 ) -> None:
     worker = spawn_worker("--batch-size", "5")
     await wait_for(lambda: state_of(conn, worker, "active"), timeout=TIMEOUT, message="active")
-    async with engine.begin() as s:
-        await enqueue_many(s, "effect", [{"sleep": 0.05} for _ in range(40)])
-    await wait_for(lambda: _at_least(started(conn), 3), timeout=TIMEOUT, message="work under way")
+    await put_to_work(engine, conn, 40, sleep=0.05, started=3)
 
     lanes = await conn.fetchval(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
         "WHERE application_name LIKE 'jobqueue worker % lane %' "
         "AND datname = current_database()")
     assert lanes == 1
-    await wait_for(lambda: _at_least(started(conn), 12), timeout=TIMEOUT,
+    await wait_for(lambda: _at_least(started_jobs(conn), 12), timeout=TIMEOUT,
                    message="work to go on after losing the lane")
     controls = await conn.fetchval(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
