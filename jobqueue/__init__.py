@@ -10,8 +10,13 @@
 
     await JobRunner().run()
 
-Read on: `enqueue` (putting jobs in, inside your transaction), `registry`
-(handlers), `worker` (the runner), `queries.sql` (every statement it runs).
+Read on, top-down: `enqueue` (putting jobs in, inside your transaction),
+`registry` (handlers), `worker` (a worker's life: locks, standby, takeover),
+`lane` (a batch: claim, savepoints, one commit), `maintenance` (heartbeat,
+fencing, rescue, pruning), and `queries.sql` (every statement the queue runs).
+Around them: `db` and `embedded` (where the database is), `cli`, `api`,
+`metrics`, `logs`, `report`; `testing` for your tests; `lab` and
+`benchmarks` for the notebooks.
 """
 
 from jobqueue.enqueue import enqueue, enqueue_many
