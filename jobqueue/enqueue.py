@@ -51,18 +51,18 @@ def check_run_at(value: object) -> datetime | None:
     return value
 
 
-def _check_strings(value: Any, path: str) -> None:
+def check_strings(value: Any, path: str) -> None:
     """PostgreSQL's jsonb cannot hold NUL characters; find them before it does."""
     if isinstance(value, str):
         if "\x00" in value:
-            raise ValueError(f"payload{path} contains a NUL character, which PostgreSQL rejects")
+            raise ValueError(f"{path} contains a NUL character, which PostgreSQL rejects")
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            _check_strings(key, path)
-            _check_strings(item, f"{path}[{key!r}]")
+            check_strings(key, path)
+            check_strings(item, f"{path}[{key!r}]")
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            _check_strings(item, f"{path}[{i}]")
+            check_strings(item, f"{path}[{i}]")
 
 
 def encode_payload(payload: object) -> str:
@@ -81,7 +81,7 @@ def encode_payload(payload: object) -> str:
         raise ValueError("payload contains a lone surrogate, which is not valid Unicode") from None
     if size > PAYLOAD_MAX_BYTES:
         raise ValueError(f"payload is {size:,} bytes; the limit is {PAYLOAD_MAX_BYTES:,}")
-    _check_strings(payload, "")
+    check_strings(payload, "payload")
     return encoded
 
 

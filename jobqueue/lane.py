@@ -20,9 +20,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from jobqueue.errors import Backoff, is_connection_error, one_line
+from jobqueue.enqueue import check_strings
+from jobqueue.errors import is_connection_error, one_line
 from jobqueue.models import ERROR_MESSAGE_MAX_LENGTH
 from jobqueue.queries import queries
 
@@ -75,6 +77,21 @@ class SwallowedDatabaseError(Exception):
 
 #: Key in a lane connection's `info` dict: a statement on it failed.
 DB_ERROR = "jobqueue_db_error"
+#: Key in a lane session's `info` dict: a handler is running.
+IN_HANDLER = "jobqueue_in_handler"
+
+
+class HandlerCommitError(RuntimeError):
+    """A handler called commit() on its session. Its writes must commit with
+    the job's completion, or a failure after the commit would leave them
+    committed and the retry would write them again."""
+
+
+def _refuse_handler_commit(session: Any) -> None:
+    """SQLAlchemy `before_commit` hook on a lane's session."""
+    if session.info.get(IN_HANDLER):
+        raise HandlerCommitError(
+            "handlers must not commit: their writes commit with the job's completion")
 
 
 def mark_db_error(context: Any) -> None:
@@ -104,7 +121,9 @@ class Outcomes:
 
 
 def error_text(exc: BaseException) -> str:
+    """The error as text PostgreSQL can store (no NUL, no lone surrogate)."""
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
     return text[:ERROR_MESSAGE_MAX_LENGTH]
 
 
@@ -112,9 +131,12 @@ def encode_result(result: Any) -> str | None:
     if result is None:
         return None
     try:
-        return json.dumps(result, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"handler result is not JSON: {e}") from None
+        check_strings(result, "result")
+        encoded = json.dumps(result, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        encoded.encode("utf-8")
+    except (TypeError, ValueError) as e:  # UnicodeEncodeError is a ValueError
+        raise TypeError(f"handler result is not JSON PostgreSQL can store: {e}") from None
+    return encoded
 
 
 class Lane:
@@ -127,34 +149,22 @@ class Lane:
         self.raw: Any = None  # the asyncpg connection, to cut it off when abandoning
 
     async def run(self) -> None:
-        """Work until the worker stops; a dropped connection is reopened."""
-        backoff = Backoff()
-        while not self.runner.stopping:
-            try:
-                async with self.engine.connect() as conn:
-                    self.raw = (await conn.get_raw_connection()).driver_connection
-                    await self._loop(conn)
-                return
-            except Exception as exc:
-                if self.runner.aborting or not is_connection_error(exc):
-                    raise
-                delay = backoff.next()
-                logger.warning("lane %d lost its connection (%s); reconnecting in %.2fs",
-                               self.number, one_line(exc), delay,
-                               extra={"event": "lane_reconnecting", "lane": self.number,
-                                      "worker_id": self.runner.worker_id,
-                                      "error": one_line(exc), "delay_s": round(delay, 3)})
-                await self.runner.sleep_unless_stopping(delay)
-            finally:
-                self.raw = None
+        """Work until the worker stops. A lost connection is not reopened here:
+        a claim whose reply was lost leaves jobs this lane cannot name, so the
+        error ends the worker's life; it starts over under a new id, and the old
+        id's jobs are rescued like a dead worker's."""
+        try:
+            async with self.engine.connect() as conn:
+                self.raw = (await conn.get_raw_connection()).driver_connection
+                await self._loop(conn)
+        finally:
+            self.raw = None
 
     def _connection_lost(self, conn: AsyncConnection) -> bool:
         """Did this lane's own connection fail? A handler's `ConnectionError`
         or `TimeoutError` from some other service (SMTP, HTTP) is the job's
         failure, not a reason to send the whole batch back."""
-        if conn.invalidated or self.raw is None or self.raw.is_closed():
-            return True
-        return bool(conn.info.get(DB_ERROR))
+        return conn.invalidated or self.raw is None or self.raw.is_closed()
 
     def cut(self) -> None:
         """Close the connection at once (abandoning: its transaction rolls back)."""
@@ -165,6 +175,7 @@ class Lane:
         runner = self.runner
         session = AsyncSession(bind=conn, join_transaction_mode="create_savepoint",
                                expire_on_commit=False)
+        event.listen(session.sync_session, "before_commit", _refuse_handler_commit)
         try:
             while not runner.stopping:
                 runner.wake.clear()
@@ -219,8 +230,11 @@ class Lane:
             await self.runner.hand_back(ids)
             return
         except Exception as exc:
-            if self.runner.aborting or not is_connection_error(exc):
+            if self.runner.aborting:
                 raise
+            if not is_connection_error(exc):
+                await self._after_batch_error(conn, session, jobs, exc)
+                return
             logger.error("lane %d: connection lost mid-batch; %d job(s) go back to the queue",
                          self.number, len(jobs),
                          extra={"event": "batch_connection_lost", "lane": self.number,
@@ -231,6 +245,35 @@ class Lane:
         self.runner.stats.count_batch(outcomes, latencies)
         if outcomes.done_ids and logger.isEnabledFor(logging.INFO):
             self._log_completed(jobs, outcomes)  # committed: now they are done
+
+    async def _after_batch_error(self, conn: AsyncConnection, session: AsyncSession,
+                                 jobs: list[ClaimedJob], exc: Exception) -> None:
+        """The batch could not be recorded or committed (a deferred constraint
+        a handler broke, say): it rolled back whole. Run its jobs again one per
+        transaction, so the culprit fails alone; a lone job that still cannot
+        commit is failed without its writes, its attempt counted."""
+        if len(jobs) > 1:
+            logger.warning("batch of %d could not commit (%s); running its jobs one by one",
+                           len(jobs), one_line(exc),
+                           extra={"event": "batch_split", "jobs": len(jobs),
+                                  "worker_id": self.runner.worker_id, "error": one_line(exc)})
+            for job in jobs:
+                await self._run_batch(conn, session, [job])
+            return
+        [job] = jobs
+        out = Outcomes()
+        retry = job.retry_count < job.max_retries
+        delay = self.runner.retry_policy.delay(job.attempt) if retry else 0.0
+        out.failure(job.id, error_text(exc), retry=retry, delay=delay)
+        async with conn.begin():
+            await self._record(conn, out)
+        self.runner.stats.count_batch(out, [])
+        logger.warning("job %s (%s) attempt %d failed at commit: %s", job.id, job.job_type,
+                       job.attempt, error_text(exc),
+                       extra={"event": "job_failed", "job_id": str(job.id),
+                              "job_type": job.job_type, "attempt": job.attempt,
+                              "worker_id": self.runner.worker_id, "retry": retry,
+                              "error": error_text(exc)})
 
     async def _run_one(
         self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob, out: Outcomes
@@ -251,7 +294,11 @@ class Lane:
         token = _current_job.set(job)
         conn.info.pop(DB_ERROR, None)
         try:
-            result = await handler(session, json.loads(job.payload))
+            session.info[IN_HANDLER] = True
+            try:
+                result = await handler(session, json.loads(job.payload))
+            finally:
+                session.info[IN_HANDLER] = False
             if conn.info.pop(DB_ERROR, False):
                 raise SwallowedDatabaseError(
                     "the handler caught a database error and went on; its writes are void")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from jobqueue.errors import is_connection_error, one_line
 from jobqueue.locks import LEADER_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.queries import queries
 
@@ -66,8 +67,18 @@ class Upkeep:
     last_prune: float = 0.0
 
     async def run_forever(self) -> None:
+        """Tick until cancelled. Being fenced or losing the connection ends the
+        worker's life; any other error (a permission, a timeout) is logged and
+        the next tick tries again: upkeep must not take the worker down."""
         while True:
-            await self.run_once()
+            try:
+                await self.run_once()
+            except Fenced:
+                raise
+            except Exception as exc:
+                if is_connection_error(exc):
+                    raise
+                logger.error("upkeep failed (%s); trying again next tick", one_line(exc))
             await asyncio.sleep(self.runner.tick)
 
     async def run_once(self) -> dict[str, Any]:

@@ -188,7 +188,7 @@ async def test_dropped_lane_and_control_connections(
                    message="every job completed after the dropped connections")
     await assert_nothing_lost_nothing_doubled(conn, 40)
     assert worker.proc.poll() is None
-    assert "lost its connection" in worker.log() and "starting over" in worker.log()
+    assert worker.log().count("starting over") >= 2  # the lane's loss, then the control's
 
 
 async def two_shared_workers_at_work(

@@ -398,3 +398,76 @@ async def test_a_handler_network_error_is_the_jobs_failure(engine: AsyncEngine, 
     assert report["failed"] == 2 and report["handed_back"] == 0
     assert "SMTP server refused" in (await job(conn, smtp_job))["error_message"]
     assert (await job(conn, api_job))["status"] == "failed"
+
+
+async def test_what_postgresql_cannot_store_fails_the_job_not_the_worker(
+    engine: AsyncEngine, db_url: str, conn
+) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("nul_result")
+    async def nul_result(session: Any, payload: dict[str, Any]) -> dict[str, str]:
+        return {"text": "a\x00b"}
+
+    @registry.register("nul_error")
+    async def nul_error(session: Any, payload: dict[str, Any]) -> None:
+        raise ValueError("bad byte \x00 and \ud800 here")
+
+    @registry.register("fine")
+    async def fine(session: Any, payload: dict[str, Any]) -> None:
+        return None
+
+    async with engine.begin() as s:
+        first = await enqueue(s, "nul_result", {}, max_retries=0)
+        second = await enqueue(s, "nul_error", {}, max_retries=0)
+        third = await enqueue(s, "fine", {})
+    report = await drain(db_url, registry=registry, batch_size=10)
+    assert report["processed"] == 1 and report["failed"] == 2
+    assert "NUL" in (await job(conn, first))["error_message"]
+    assert (await job(conn, second))["error_message"].startswith("ValueError: bad byte \\0")
+    assert await status_of(conn, third) == "completed"
+
+
+async def test_a_deferred_constraint_fails_its_own_job_alone(
+    engine: AsyncEngine, db_url: str, conn
+) -> None:
+    """Checked only at the batch's COMMIT: the batch is rerun job by job."""
+    await conn.execute(
+        "CREATE TABLE parents (id int PRIMARY KEY);"
+        "CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED);"
+        "INSERT INTO parents VALUES (1)")
+    registry = HandlerRegistry()
+
+    @registry.register("child")
+    async def child(session: Any, payload: dict[str, Any]) -> None:
+        await session.execute(text("INSERT INTO children VALUES (:p)"), {"p": payload["p"]})
+
+    async with engine.begin() as s:
+        good = await enqueue(s, "child", {"p": 1})
+        orphan = await enqueue(s, "child", {"p": 2}, max_retries=0)
+        other = await enqueue(s, "child", {"p": 1})
+    report = await drain(db_url, registry=registry, batch_size=10)
+    assert await status_of(conn, good) == "completed"
+    assert await status_of(conn, other) == "completed"
+    row = await job(conn, orphan)
+    assert row["status"] == "failed" and "ForeignKeyViolation" in row["error_message"]
+    assert await conn.fetchval("SELECT count(*) FROM children") == 2
+    assert report["processed"] == 2 and report["failed"] == 1
+
+
+async def test_a_handler_that_commits_fails_and_writes_nothing(
+    engine: AsyncEngine, db_url: str, conn
+) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("committer")
+    async def committer(session: Any, payload: dict[str, Any]) -> None:
+        await session.execute(text("INSERT INTO effects (job_id) VALUES (gen_random_uuid())"))
+        await session.commit()
+
+    async with engine.begin() as s:
+        job_id = await enqueue(s, "committer", {}, max_retries=0)
+    await drain(db_url, registry=registry)
+    row = await job(conn, job_id)
+    assert row["status"] == "failed" and "must not commit" in row["error_message"]
+    assert await conn.fetchval("SELECT count(*) FROM effects") == 0
