@@ -208,15 +208,21 @@ async def drain_benchmark(
 # -- latency of a lone job -----------------------------------------------------------
 
 
-def percentiles(values: Sequence[float]) -> tuple[float, float, float]:
-    """p50, p95, p99 with linear interpolation: the same definition as
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile with linear interpolation: the same definition as
     PostgreSQL's percentile_cont, so client and database figures compare."""
     if not values:
         raise ValueError("no values")
-    if len(values) == 1:
-        return values[0], values[0], values[0]
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return cuts[49], cuts[94], cuts[98]
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def percentiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """p50, p95, p99 (see `quantile`)."""
+    return quantile(values, 0.5), quantile(values, 0.95), quantile(values, 0.99)
 
 
 async def _wait_completed(

@@ -24,8 +24,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from jobqueue import db
 from jobqueue.bench import (
     drop_bench_database,
@@ -35,23 +33,12 @@ from jobqueue.bench import (
     results_dir,
     server_info,
 )
-from jobqueue.testing import WorkerProcess, wait_for
+from jobqueue.testing import WorkerProcess, in_state, wait_for, worker_state
 
 logger = logging.getLogger(__name__)
 
 RECOVERY_DATABASE = "jobqueue_bench_recovery"
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
-
-
-async def _state(conn: asyncpg.Connection, worker: WorkerProcess) -> asyncpg.Record | None:
-    return await conn.fetchrow(
-        "SELECT id, state FROM jobqueue_workers WHERE name LIKE '%:' || $1::integer",
-        worker.pid)
-
-
-async def _in_state(conn: asyncpg.Connection, worker: WorkerProcess, state: str) -> bool:
-    row = await _state(conn, worker)
-    return row is not None and row["state"] == state
 
 
 async def recovery_trial(
@@ -79,13 +66,13 @@ async def recovery_trial(
         await conn.execute("TRUNCATE jobs; DELETE FROM jobqueue_workers")
         active = WorkerProcess(url, log_dir / "active.log", *args)
         workers.append(active)
-        await wait_for(lambda: _in_state(conn, active, "active"), timeout=30,
+        await wait_for(lambda: in_state(conn, active, "active"), timeout=30,
                        message="the first worker to be active")
         standby = WorkerProcess(url, log_dir / "standby.log", *args)
         workers.append(standby)
-        await wait_for(lambda: _in_state(conn, standby, "standby"), timeout=30,
+        await wait_for(lambda: in_state(conn, standby, "standby"), timeout=30,
                        message="the second worker to stand by")
-        standby_id = (await _state(conn, standby))["id"]  # type: ignore[index]
+        standby_id = (await worker_state(conn, standby))["id"]  # type: ignore[index]
         await conn.execute(
             "INSERT INTO jobs (job_type, payload) SELECT 'sleep', jsonb_build_object("
             "'seconds', $1::float8) FROM generate_series(1, $2)", job_seconds, jobs)

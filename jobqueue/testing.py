@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
+import asyncpg
+
 from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.worker import JobRunner
 
@@ -92,3 +94,16 @@ class WorkerProcess:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
+
+
+async def worker_state(conn: asyncpg.Connection, worker: WorkerProcess) -> asyncpg.Record | None:
+    """A worker process's live registration (id and state; the id changes with
+    each life), or None while it has none."""
+    return await conn.fetchrow(
+        "SELECT id, state FROM jobqueue_workers WHERE name LIKE '%:' || $1::integer",
+        worker.pid)
+
+
+async def in_state(conn: asyncpg.Connection, worker: WorkerProcess, state: str) -> bool:
+    row = await worker_state(conn, worker)
+    return row is not None and row["state"] == state

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import db, embedded, enqueue_many
-from jobqueue.testing import WorkerProcess, wait_for
+from jobqueue.testing import WorkerProcess, in_state, wait_for, worker_state
 
 TIMEOUT = 60
 
@@ -30,17 +30,6 @@ async def started_jobs(conn: asyncpg.Connection) -> int:
 
 async def completed(conn: asyncpg.Connection) -> int:
     return await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'completed'")
-
-
-async def worker_row(conn: asyncpg.Connection, proc: WorkerProcess) -> asyncpg.Record | None:
-    """The live registration of a worker process (its id changes each life)."""
-    return await conn.fetchrow(
-        "SELECT id, state FROM jobqueue_workers WHERE name LIKE '%:' || $1::integer", proc.pid)
-
-
-async def state_of(conn: asyncpg.Connection, proc: WorkerProcess, state: str) -> bool:
-    row = await worker_row(conn, proc)
-    return row is not None and row["state"] == state
 
 
 async def assert_nothing_lost_nothing_doubled(conn: asyncpg.Connection, n: int) -> None:
@@ -78,13 +67,28 @@ async def put_to_work(engine: AsyncEngine, conn: asyncpg.Connection, n: int, *,
                    message="work under way")
 
 
+async def signal_and_recover(conn: asyncpg.Connection, target: WorkerProcess,
+                             standby: WorkerProcess, sig: signal.Signals, n: int
+                             ) -> tuple[datetime, asyncpg.Record, float]:
+    """Signal the active worker, wait until all n jobs completed; return the
+    signal time, the standby's registration and its recovery in seconds."""
+    target.signal(sig)
+    t0 = await conn.fetchval("SELECT clock_timestamp()")
+    await wait_for(lambda: _at_least(completed(conn), n), timeout=TIMEOUT,
+                   message=f"every job completed after {sig.name}")
+    new_active = await worker_state(conn, standby)
+    assert new_active is not None
+    recovery = (await first_completion_after(conn, t0, new_active["id"]) - t0).total_seconds()
+    return t0, new_active, recovery
+
+
 async def active_and_standby(conn, spawn_worker: Callable[..., WorkerProcess], *args: str
                              ) -> tuple[WorkerProcess, WorkerProcess]:
     first = spawn_worker(*args)
-    await wait_for(lambda: state_of(conn, first, "active"), timeout=TIMEOUT,
+    await wait_for(lambda: in_state(conn, first, "active"), timeout=TIMEOUT,
                    message="the first worker to be active")
     second = spawn_worker(*args)
-    await wait_for(lambda: state_of(conn, second, "standby"), timeout=TIMEOUT,
+    await wait_for(lambda: in_state(conn, second, "standby"), timeout=TIMEOUT,
                    message="the second worker to stand by")
     return first, second
 
@@ -95,14 +99,9 @@ async def test_sigkill_of_the_active_worker_mid_batch(
     active, standby = await active_and_standby(conn, spawn_worker, "--batch-size", "10")
     await put_to_work(engine, conn, 60, sleep=0.05, started=5)
 
-    active.signal(signal.SIGKILL)
-    t0 = await conn.fetchval("SELECT clock_timestamp()")
-    await wait_for(lambda: _at_least(completed(conn), 60), timeout=TIMEOUT,
-                   message="every job completed after the crash")
-
-    new_active = await worker_row(conn, standby)
-    assert new_active is not None and new_active["state"] == "active"
-    recovery = (await first_completion_after(conn, t0, new_active["id"]) - t0).total_seconds()
+    t0, new_active, recovery = await signal_and_recover(conn, active, standby,
+                                                        signal.SIGKILL, 60)
+    assert new_active["state"] == "active"
     record_property("recovery_after_sigkill_seconds", recovery)
     await assert_nothing_lost_nothing_doubled(conn, 60)
     assert await rerun_jobs(conn) >= 1  # the crash hit a running job; it ran again, once in effect
@@ -116,15 +115,11 @@ async def test_sigstop_hang_is_fenced_and_the_sleeper_cannot_finish_anything(
 ) -> None:
     args = ("--batch-size", "10", "--lease", "1.5")
     hung, standby = await active_and_standby(conn, spawn_worker, *args)
-    hung_id = (await worker_row(conn, hung))["id"]
+    hung_id = (await worker_state(conn, hung))["id"]
     await put_to_work(engine, conn, 40, sleep=0.1, started=3)
 
-    hung.signal(signal.SIGSTOP)
-    t0 = await conn.fetchval("SELECT clock_timestamp()")
-    await wait_for(lambda: _at_least(completed(conn), 40), timeout=TIMEOUT,
-                   message="every job completed while the active worker is stopped")
-    new_active = await worker_row(conn, standby)
-    recovery = (await first_completion_after(conn, t0, new_active["id"]) - t0).total_seconds()
+    t0, new_active, recovery = await signal_and_recover(conn, hung, standby,
+                                                        signal.SIGSTOP, 40)
     record_property("recovery_after_sigstop_seconds", recovery)
     # Not before the lease ran out, counted from the frozen worker's last
     # heartbeat (at most one heartbeat interval, 0.375 s here, before the stop).
@@ -133,7 +128,7 @@ async def test_sigstop_hang_is_fenced_and_the_sleeper_cannot_finish_anything(
 
     # Wake the sleeper: it must notice it was cut off, finish nothing, and stand by.
     hung.signal(signal.SIGCONT)
-    await wait_for(lambda: state_of(conn, hung, "standby"), timeout=TIMEOUT,
+    await wait_for(lambda: in_state(conn, hung, "standby"), timeout=TIMEOUT,
                    message="the woken worker to rejoin as a standby")
     await assert_nothing_lost_nothing_doubled(conn, 40)
     assert await conn.fetchval(
@@ -149,7 +144,7 @@ async def test_database_restart_under_a_working_worker(
     engine: AsyncEngine, spawn_worker, db_url: str, conn: asyncpg.Connection
 ) -> None:
     worker = spawn_worker("--batch-size", "5")
-    await wait_for(lambda: state_of(conn, worker, "active"), timeout=TIMEOUT, message="active")
+    await wait_for(lambda: in_state(conn, worker, "active"), timeout=TIMEOUT, message="active")
     await put_to_work(engine, conn, 40, sleep=0.05, started=3)
 
     await _to_thread(embedded.EmbeddedPostgres().restart)
@@ -169,7 +164,7 @@ async def test_dropped_lane_and_control_connections(
     engine: AsyncEngine, spawn_worker, conn: asyncpg.Connection
 ) -> None:
     worker = spawn_worker("--batch-size", "5")
-    await wait_for(lambda: state_of(conn, worker, "active"), timeout=TIMEOUT, message="active")
+    await wait_for(lambda: in_state(conn, worker, "active"), timeout=TIMEOUT, message="active")
     await put_to_work(engine, conn, 40, sleep=0.05, started=3)
 
     lanes = await conn.fetchval(
@@ -198,7 +193,7 @@ async def two_shared_workers_at_work(
     """Two --shared workers, n jobs enqueued, both seen running jobs."""
     a, b = (spawn_worker("--shared", "--batch-size", "5", *args) for _ in range(2))
     for w in (a, b):
-        await wait_for(lambda w=w: state_of(conn, w, "shared"), timeout=TIMEOUT, message="shared")
+        await wait_for(lambda w=w: in_state(conn, w, "shared"), timeout=TIMEOUT, message="shared")
     async with engine.begin() as s:
         await enqueue_many(s, "effect", [{"sleep": sleep} for _ in range(n)])
     await wait_for(
@@ -231,7 +226,7 @@ async def test_shared_mode_fences_a_hung_worker(
                    message="every job completed while one shared worker is stopped")
     assert "fenced off worker" in b.log()
     a.signal(signal.SIGCONT)
-    await wait_for(lambda: state_of(conn, a, "shared"), timeout=TIMEOUT,
+    await wait_for(lambda: in_state(conn, a, "shared"), timeout=TIMEOUT,
                    message="the woken worker to rejoin")
     await assert_nothing_lost_nothing_doubled(conn, 60)
     for w in (a, b):

@@ -48,7 +48,6 @@ def _setup(context: dict[str, str]) -> str:
 
 
 def _throughput(results: Path) -> str:
-    out = results
     df, _ = load("throughput_matrix", results)
     s = plots.spread(df, ["mode", "workers", "batch_size"], "jobs_per_sec")
     best = s.loc[s["median"].idxmax()]
@@ -60,7 +59,7 @@ def _throughput(results: Path) -> str:
         f"{int(s['runs'].max())} runs (min–max), timed from the first claim to the last "
         "completion.", "",
         plots.markdown(plots.throughput_table(df)), "",
-        _figure(plots.throughput_plot(df), "throughput", out), "",
+        _figure(plots.throughput_plot(df), "throughput", results), "",
         f"The batch size is the lever: one exclusive worker goes {gain:,.0f}× faster from "
         f"batch {int(one.idxmin())} to batch {int(one.idxmax())}, because a durable commit is "
         "paid once per batch instead of once per job.",
@@ -79,7 +78,7 @@ def _throughput(results: Path) -> str:
         lines += [
             "", "### Does cost grow with the table?", "",
             plots.markdown(plots.table_size_table(sdf)), "",
-            _figure(plots.table_size_plot(sdf), "table_size", out), "",
+            _figure(plots.table_size_plot(sdf), "table_size", results), "",
             f"From {int(first['n']):,} to {int(last['n']):,} jobs in the table, throughput "
             f"changes by {change:+.0f} %. The claim reads the partial index of pickable jobs, "
             "so its cost does not depend on finished rows;",
@@ -117,7 +116,6 @@ def _modes_sentence(s: pd.DataFrame) -> str:
 
 
 def _latency(results: Path) -> str:
-    out = results
     df, _ = load("latency", results)
     samples, _ = load("latency_samples", results)
     table = plots.latency_table(df)
@@ -129,8 +127,8 @@ def _latency(results: Path) -> str:
         "wait for the queue (open loop); one idle worker, woken by LISTEN/NOTIFY. "
         "Enqueue = the row's insertion; start and completion as the worker recorded them.", "",
         plots.markdown(table, ",.1f"), "",
-        _figure(plots.latency_plot(df), "latency", out), "",
-        _figure(plots.latency_histogram(samples), "latency_histogram", out), "",
+        _figure(plots.latency_plot(df), "latency", results), "",
+        _figure(plots.latency_histogram(samples), "latency_histogram", results), "",
         f"At {low['arrivals (jobs/s)']:,.0f} jobs/s a job is complete "
         f"{low['to completion p50 (ms)']:.1f} ms after it was enqueued at the median and "
         f"{low['to completion p99 (ms)']:.1f} ms at p99: the wake-up is a notification, not "
@@ -145,7 +143,6 @@ def _latency(results: Path) -> str:
 
 
 def _recovery(results: Path) -> str:
-    out = results
     times, _ = load("recovery", results)
     timeline, _ = load("recovery_timeline", results)
     table = plots.recovery_table(times)
@@ -169,8 +166,8 @@ def _recovery(results: Path) -> str:
         "(batch size 10); recovery is the time from the signal to the first job the standby "
         "completes, on the database's clock.", "",
         plots.markdown(table, ",.3f"), "",
-        _figure(plots.recovery_timeline_plot(timeline, times), "recovery_timeline", out), "",
-        _figure(plots.recovery_times_plot(times), "recovery_times", out), "",
+        _figure(plots.recovery_timeline_plot(timeline, times), "recovery_timeline", results), "",
+        _figure(plots.recovery_times_plot(times), "recovery_times", results), "",
         *sentences,
     ])
 

@@ -28,7 +28,13 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db
-from jobqueue.bench import drop_bench_database, machine_info, prepare_database, server_info
+from jobqueue.bench import (
+    drop_bench_database,
+    machine_info,
+    prepare_database,
+    quantile,
+    server_info,
+)
 from jobqueue.bench_handlers import BENCH_TABLE
 from jobqueue.recovery import recovery_trial
 from jobqueue.testing import WorkerProcess, wait_for
@@ -177,10 +183,10 @@ async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 
     to_complete = [float(r["to_complete"]) for r in rows]
     summary = {"rate": rate, "jobs": total, "seconds": seconds,
                "achieved_rate": (total - 1) / span if span > 0 else float(total),
-               "producer_late_p99_ms": _quantile(lateness, 0.99) * 1000}
+               "producer_late_p99_ms": quantile(lateness, 0.99) * 1000}
     for label, values in (("start", to_start), ("complete", to_complete)):
         for q in QUANTILES:
-            summary[f"{label}_p{_qname(q)}_ms"] = _quantile(values, q) * 1000
+            summary[f"{label}_p{_qname(q)}_ms"] = quantile(values, q) * 1000
     return {"summary": summary, "to_start": to_start, "to_complete": to_complete}
 
 
@@ -212,17 +218,6 @@ async def _arrivals(pool: asyncpg.Pool, rate: float, total: int) -> list[float]:
 
 def _qname(q: float) -> str:
     return f"{q * 100:g}".replace(".", "_")
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation, as PostgreSQL's percentile_cont."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 async def recovery(url: str, sig: signal.Signals, *, lease: float = 5.0, jobs: int = 3000,
