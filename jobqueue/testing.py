@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -61,16 +61,22 @@ async def drain(
 
 class WorkerProcess:
     """A real `jobqueue worker` process: for tests and benchmarks that are
-    about processes (signals, crashes, takeover). Output goes to `log_path`."""
+    about processes (signals, crashes, takeover). Output goes to `log_path`.
+
+    `command` replaces `-m jobqueue worker` (the benchmark lab runs its peers'
+    workers the same way) and `env` adds to the environment."""
 
     def __init__(self, database_url: str, log_path: Path, *args: str,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None,
+                 command: Sequence[str] = ("-m", "jobqueue", "worker"),
+                 env: Mapping[str, str] | None = None) -> None:
         self.log_path = log_path
-        env = {**os.environ, "DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
+        environ = {**os.environ, "DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1",
+                   **(env or {})}
         self._log: IO[str] = open(log_path, "w")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jobqueue", "worker", *args],
-            cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            [sys.executable, *command, *args],
+            cwd=cwd, env=environ, stdout=self._log, stderr=subprocess.STDOUT,
         )
 
     @property

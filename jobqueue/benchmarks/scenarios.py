@@ -11,6 +11,12 @@
 - `recovery`: the active worker is killed (SIGKILL) or frozen (SIGSTOP) under
   load; the time until the standby completes a job, and the timeline of
   completions around it (see also `jobqueue.recovery`).
+- `memory_timeline`: one worker drains a big table while its resident memory
+  is sampled from outside (`rss`); `drain(..., memory=True)` adds the same
+  figures to any drain.
+
+The peer queues of the comparison notebook run through the same machinery in
+`jobqueue.benchmarks.peers`.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import logging
 import signal
 import statistics
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,7 @@ from jobqueue.bench import (
     server_info,
 )
 from jobqueue.bench_handlers import BENCH_TABLE
+from jobqueue.benchmarks import rss
 from jobqueue.recovery import recovery_trial
 from jobqueue.testing import WorkerProcess, wait_for
 
@@ -108,38 +115,75 @@ def _worker_args(batch_size: int, shared: bool, concurrency: int, *extra: str) -
 
 async def drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool,
                 handler: str = "noop", concurrency: int = 1, timeout: float = 900.0,
-                log_dir: Path | None = None) -> dict[str, Any]:
+                log_dir: Path | None = None, memory: bool = False) -> dict[str, Any]:
     """One drain: fill the table, start `workers` burst-mode processes, wait
-    for them to exit, and read the result from the jobs table."""
+    for them to exit, and read the result from the jobs table. With `memory`,
+    each process's resident memory is sampled too (`rss_start_mib`,
+    `rss_peak_mib`, `rss_end_mib`: see `rss.summary`)."""
+    row, _ = await _drain(url, n=n, batch_size=batch_size, workers=workers, shared=shared,
+                          handler=handler, concurrency=concurrency, timeout=timeout,
+                          log_dir=log_dir, memory=memory)
+    return row
+
+
+async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool,
+                 handler: str, concurrency: int, timeout: float, log_dir: Path | None,
+                 memory: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`drain`, plus the RSS samples (empty unless `memory`)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-drain-"))
     conn = await db.connect(url, application_name="jobqueue bench")
     procs: list[WorkerProcess] = []
+    sampler = rss.RssSampler([])
     try:
         await _reset(conn)
         await fill(conn, n, handler)
         args = _worker_args(batch_size, shared, concurrency, "--burst")
         procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *args) for i in range(workers)]
+        if memory:
+            sampler = rss.RssSampler(p.pid for p in procs)
+            sampler.start()
         for p in procs:
             code = await p.wait(timeout)
             if code != 0:
                 raise RuntimeError(f"worker exited with {code}: {p.log()[-2000:]}")
+        await sampler.stop()
         row = await conn.fetchrow(
             "SELECT count(*) FILTER (WHERE status = 'completed') AS completed, count(*) AS total,"
             " extract(epoch FROM max(completed_at) - min(started_at)) AS seconds,"
+            " extract(epoch FROM min(started_at)) AS first, "
+            " extract(epoch FROM max(completed_at)) AS last,"
             " count(DISTINCT worker_id) AS workers_used FROM jobs")
         stats = await conn.fetchrow(
             "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = 'jobs'")
     finally:
+        await sampler.stop()
         for p in procs:
             p.close()
         await conn.close()
     if row["completed"] != n or row["total"] != n:
         raise RuntimeError(f"lost jobs: {row['completed']} of {n} completed")
     seconds = float(row["seconds"])
-    return {"n": n, "batch_size": batch_size, "workers": workers,
-            "mode": "shared" if shared else "exclusive", "handler": handler,
-            "concurrency": concurrency, "seconds": seconds, "jobs_per_sec": n / seconds,
-            "workers_used": row["workers_used"], "dead_tuples": stats["n_dead_tup"]}
+    result = {"n": n, "batch_size": batch_size, "workers": workers,
+              "mode": "shared" if shared else "exclusive", "handler": handler,
+              "concurrency": concurrency, "seconds": seconds, "jobs_per_sec": n / seconds,
+              "workers_used": row["workers_used"], "dead_tuples": stats["n_dead_tup"]}
+    if not memory:
+        return result, []
+    first, last = float(row["first"]), float(row["last"])
+    result.update(rss.summary(sampler.samples, first, last))
+    return result, rss.timeline(sampler.samples, first)
+
+
+async def memory_timeline(url: str, *, n: int, batch_size: int = 100, shared: bool = False,
+                          workers: int = 1, timeout: float = 3600.0) -> dict[str, Any]:
+    """One drain of `n` jobs with the workers' resident memory sampled every
+    quarter second: the summary row (`drain`'s, with the RSS figures) and the
+    timeline (`t` in seconds from the first claim, `rss_mib`). A worker that
+    kept something per job would show a line that climbs with the drain."""
+    row, timeline = await _drain(url, n=n, batch_size=batch_size, workers=workers,
+                                 shared=shared, handler="noop", concurrency=1, timeout=timeout,
+                                 log_dir=None, memory=True)
+    return {"summary": row, "timeline": timeline}
 
 
 async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 100,
@@ -181,6 +225,14 @@ async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 
     span = created[-1] - created[0] if len(created) > 1 else 0.0
     to_start = [float(r["to_start"]) for r in rows]
     to_complete = [float(r["to_complete"]) for r in rows]
+    return latency_result(rate, seconds, span, lateness, to_start, to_complete)
+
+
+def latency_result(rate: float, seconds: float, span: float, lateness: Sequence[float],
+                   to_start: list[float], to_complete: list[float]) -> dict[str, Any]:
+    """An open-loop run's summary (quantiles in ms, the rate achieved over
+    `span`, the first to the last enqueue) and its per-job latencies (s)."""
+    total = len(to_complete)
     summary = {"rate": rate, "jobs": total, "seconds": seconds,
                "achieved_rate": (total - 1) / span if span > 0 else float(total),
                "producer_late_p99_ms": quantile(lateness, 0.99) * 1000}
@@ -191,16 +243,26 @@ async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 
 
 
 async def _arrivals(pool: asyncpg.Pool, rate: float, total: int) -> list[float]:
-    """Enqueue `total` jobs at `rate`, each at its own scheduled time; returns
-    how late each was sent (the producer's own lag, reported with the result)."""
+    """Enqueue `total` jobs at `rate` with a plain INSERT each (see `arrivals`)."""
+    async def one() -> None:
+        async with pool.acquire() as c:
+            await c.execute("INSERT INTO jobs (job_type) VALUES ('noop')")
+
+    return await arrivals(one, rate, total)
+
+
+async def arrivals(enqueue_one: Callable[[], Awaitable[Any]], rate: float, total: int
+                   ) -> list[float]:
+    """Call `enqueue_one` `total` times at `rate`, each at its own scheduled
+    time whatever the earlier ones are doing (open loop); returns how late each
+    was sent (the producer's own lag, reported with the result)."""
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.05
     lateness: list[float] = []
     tasks: set[asyncio.Task[Any]] = set()
 
     async def one() -> None:
-        async with pool.acquire() as c:
-            await c.execute("INSERT INTO jobs (job_type) VALUES ('noop')")
+        await enqueue_one()
 
     for i in range(total):
         due = start + i / rate

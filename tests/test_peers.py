@@ -1,0 +1,121 @@
+"""The comparison with peer queues, at toy size: real PostgreSQL, real worker
+processes of each peer, real resident-memory readings."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from jobqueue import db
+from jobqueue.benchmarks import peers, rss, scenarios
+from jobqueue.testing import wait_for
+
+TIMEOUT = 60
+
+
+@pytest.fixture
+async def peer_url(request: pytest.FixtureRequest, server_url: str) -> AsyncIterator[str]:
+    """A database of the peer's own, its schema installed by its own API."""
+    system = request.param
+    pytest.importorskip(system)
+    name = f"t{uuid.uuid4().hex[:8]}"
+    url = await peers.open_peer(system, name)
+    yield url
+    await scenarios.close_bench(name)
+
+
+@pytest.mark.parametrize(("peer_url", "setting"),
+                         [("pgqueuer", {"batch_size": 10, "workers": 1}),
+                          ("pgqueuer", {"batch_size": 50, "workers": 2}),
+                          ("procrastinate", {"concurrency": 4, "workers": 1})],
+                         indirect=["peer_url"])
+async def test_each_peer_drains_every_job_with_real_processes(
+        peer_url: str, setting: dict[str, int]) -> None:
+    system = "pgqueuer" if "batch_size" in setting else "procrastinate"
+    row = await peers.drain(system, peer_url, n=200, **setting)
+    assert row["system"] == system and row["n"] == 200
+    assert row["seconds"] > 0 and row["jobs_per_sec"] > 0
+    assert row["rss_peak_mib"] > 10  # a Python process, sampled while it worked
+    conn = await db.connect(peer_url)
+    try:  # every job done, seen in the peer's own tables (drain checks this too)
+        if system == "pgqueuer":
+            assert await conn.fetchval("SELECT count(*) FROM pgqueuer") == 0
+            done = await conn.fetchval(
+                "SELECT count(DISTINCT job_id) FROM pgqueuer_log WHERE status = 'successful'")
+        else:
+            done = await conn.fetchval(
+                "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+    finally:
+        await conn.close()
+    assert done == 200
+
+
+@pytest.mark.parametrize("peer_url", ["pgqueuer", "procrastinate"], indirect=True)
+async def test_open_loop_latencies_of_a_peer_are_sane(peer_url: str, request) -> None:
+    system = request.node.callspec.params["peer_url"]
+    result = await peers.open_loop(system, peer_url, rate=20, seconds=0.5, concurrency=2)
+    summary = result["summary"]
+    assert summary["system"] == system and summary["jobs"] == 10
+    assert len(result["to_start"]) == len(result["to_complete"]) == 10
+    for start, complete in zip(result["to_start"], result["to_complete"], strict=True):
+        assert 0 <= start <= complete < 5  # seconds, on the database's clock
+    assert summary["start_p50_ms"] <= summary["complete_p50_ms"] <= summary["complete_p99_ms"]
+    assert summary["achieved_rate"] == pytest.approx(20, rel=0.3)
+
+
+async def test_the_rss_sampler_reads_a_real_process() -> None:
+    # A process that holds 64 MiB it has written to (so it is resident).
+    code = "import sys; x = bytearray(64 << 20); print('ready', flush=True); sys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        async with rss.RssSampler([proc.pid], interval=0.02) as sampler:
+            await wait_for(lambda: len(sampler.samples) >= 3, timeout=TIMEOUT,
+                           message="three samples")
+        assert all(s["pid"] == proc.pid for s in sampler.samples)
+        assert all(s["rss_mib"] > 64 for s in sampler.samples)
+        summary = rss.summary(sampler.samples)
+        assert summary["rss_peak_mib"] >= summary["rss_start_mib"] > 64
+    finally:
+        proc.communicate("", timeout=TIMEOUT)
+    assert rss.rss_bytes(proc.pid) is None  # gone (reaped): no reading, no error
+
+
+def test_rss_summary_reads_the_window_and_the_largest_process() -> None:
+    samples = [{"t": t, "pid": pid, "rss_mib": mib}
+               for t, pid, mib in [(0, 1, 10), (1, 1, 40), (2, 1, 45), (3, 1, 30),
+                                   (1, 2, 20), (2, 2, 25)]]
+    assert rss.summary(samples, start=1, end=2) == {
+        "rss_start_mib": 40, "rss_peak_mib": 45, "rss_end_mib": 45}
+    # A window too short to hold a sample has no start or end, only a peak.
+    short = rss.summary(samples, start=1.2, end=1.3)
+    assert math.isnan(short["rss_start_mib"]) and math.isnan(short["rss_end_mib"])
+    assert short["rss_peak_mib"] == 45
+    assert rss.timeline(samples, origin=1)[0]["t"] == -1
+
+
+async def test_jobqueue_drains_report_memory_too(server_url: str) -> None:
+    name = f"t{uuid.uuid4().hex[:8]}"
+    async with scenarios.bench_database(name) as url:
+        plain = await scenarios.drain(url, n=100, batch_size=50, workers=1, shared=False)
+        assert "rss_peak_mib" not in plain  # unchanged unless asked for
+        timeline = await scenarios.memory_timeline(url, n=300, batch_size=50)
+    summary = timeline["summary"]
+    assert summary["n"] == 300 and summary["rss_peak_mib"] > 10
+    assert timeline["timeline"] and all(p["rss_mib"] > 0 for p in timeline["timeline"])
+
+
+def test_settings_say_which_knobs_were_turned() -> None:
+    assert peers.settings({"system": "jobqueue", "batch_size": 1000, "workers": 2,
+                           "shared": True}) == "batch 1000, 2 processes (shared)"
+    assert peers.settings({"system": "pgqueuer"}) == "batch 10, 1 process"
+    assert peers.settings({"system": "procrastinate", "concurrency": 5}) == (
+        "concurrency 5, 1 process")
+    with pytest.raises(ValueError, match="unknown system"):
+        peers.settings({"system": "celery"})
