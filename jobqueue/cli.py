@@ -108,6 +108,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         runner = JobRunner(
             concurrency=args.concurrency,
             batch_size=args.batch_size,
+            quick_batch=args.quick_batch,
             shared=args.shared,
             lease=args.lease,
             keep_completed=args.keep_completed_days * 86_400,
@@ -274,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--concurrency", type=int, default=1, help="lanes running side by side")
     s.add_argument("--batch-size", type=int, default=100,
                    help="most jobs one lane claims and commits at once")
+    s.add_argument("--quick-batch", type=float, default=0.05, metavar="SECONDS",
+                   help="batches expected to finish within this run in one transaction "
+                        "(their jobs never show processing); 0: always claim first")
     s.add_argument("--shared", action="store_true",
                    help="work alongside other workers instead of one active and standbys")
     s.add_argument("--lease", type=float, default=5.0,

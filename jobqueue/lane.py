@@ -1,11 +1,26 @@
-"""A lane: one connection that claims a batch, runs it, commits it, and again.
+"""A lane: one connection that takes a batch of jobs, runs it, commits it, and again.
 
-A batch is one transaction. The claim before it is committed on its own, so
-the jobs show as `processing` (and carry the worker's id) while they run. Each
-handler's session opens a savepoint on its first statement only, so a handler
-that never touches the database costs no round trip. One `complete` and one
-`fail` statement record every outcome, with ownership checked: if another
-worker took a job meanwhile (this one was declared hung), nothing commits.
+A batch is one transaction and one commit, whatever its size; each handler's
+session opens a savepoint on its first statement only, so a handler that
+never touches the database costs no round trip. One `complete` and one
+`fail` statement record every outcome.
+
+Two ways to take a batch, chosen per batch from how long the lane's recent
+jobs took:
+
+- **quick** (the batch should finish within `quick_batch` seconds): lock the
+  due jobs inside the batch's own transaction (`take`), run them, record them,
+  commit. One new row version per job; a crash rolls everything back and the
+  jobs are simply waiting again. Their status goes from `pending` straight to
+  `completed`: nobody could have watched a `processing` that lasts milliseconds.
+- **claimed** (longer batches, and the first batch of a lane): commit the claim
+  first (`claim`), so the jobs show `processing` with this worker's id while
+  they run; the outcomes check that the worker still owns them (if another
+  worker took them meanwhile, this one was declared hung: nothing commits).
+
+The lane runs its transactions on the asyncpg connection itself; SQLAlchemy
+sees the connection in autocommit mode, so it never sends a BEGIN or COMMIT of
+its own and a handler's session only ever adds savepoints to the lane's batch.
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ import time
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -34,8 +49,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("jobqueue.worker")
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
+class ClaimedJob(NamedTuple):
+    """A job as a lane runs it (a tuple: built straight from the claimed row)."""
+
     id: uuid.UUID
     job_type: str
     payload: str
@@ -113,6 +129,11 @@ class Outcomes:
     retry: list[bool] = field(default_factory=list)
     not_started: list[uuid.UUID] = field(default_factory=list)
 
+    def success(self, job_id: uuid.UUID, result: str | None, seconds: float) -> None:
+        self.done_ids.append(job_id)
+        self.results.append(result)
+        self.handler_times.append(seconds)
+
     def failure(self, job_id: uuid.UUID, error: str, retry: bool, delay: float) -> None:
         self.failed_ids.append(job_id)
         self.errors.append(error[:ERROR_MESSAGE_MAX_LENGTH])
@@ -139,6 +160,10 @@ def encode_result(result: Any) -> str | None:
     return encoded
 
 
+#: Weight of the newest batch in a lane's running estimate of seconds per job.
+_PACE_WEIGHT = 0.3
+
+
 class Lane:
     """One of a worker's `concurrency` lanes."""
 
@@ -147,6 +172,8 @@ class Lane:
         self.engine = engine
         self.number = number
         self.raw: Any = None  # the asyncpg connection, to cut it off when abandoning
+        #: Recent seconds per job (handlers and bookkeeping); None until a batch ran.
+        self.per_job: float | None = None
 
     async def run(self) -> None:
         """Work until the worker stops. A lost connection is not reopened here:
@@ -171,6 +198,12 @@ class Lane:
         if self.raw is not None and not self.raw.is_closed():
             self.raw.terminate()
 
+    def quick(self) -> bool:
+        """Should the next batch be taken and finished in one transaction?
+        Yes when a full batch at the recent pace fits in `quick_batch`."""
+        return (self.per_job is not None
+                and self.per_job * self.runner.batch_size <= self.runner.quick_batch)
+
     async def _loop(self, conn: AsyncConnection) -> None:
         runner = self.runner
         session = AsyncSession(bind=conn, join_transaction_mode="create_savepoint",
@@ -179,27 +212,44 @@ class Lane:
         try:
             while not runner.stopping:
                 runner.wake.clear()
-                jobs = await self._claim(conn)
-                if jobs:
-                    await self._run_batch(conn, session, jobs)
-                elif not await self._wait_for_work(conn):
+                if not await self._next_batch(conn, session) \
+                        and not await self._wait_for_work():
                     return
         finally:
             with contextlib.suppress(Exception):
                 await session.close()
 
-    async def _claim(self, conn: AsyncConnection) -> list[ClaimedJob]:
-        async with conn.begin():
-            result = await conn.execute(
-                queries["claim"].text,
-                {"limit": self.runner.batch_size, "worker_id": self.runner.worker_id},
-            )
-            return [ClaimedJob(*row) for row in result]
+    async def _next_batch(self, conn: AsyncConnection, session: AsyncSession) -> bool:
+        """Take and run one batch; False when nothing was due."""
+        raw, runner = self.raw, self.runner
+        held = self.quick()
+        tx = raw.transaction()
+        if held:
+            await tx.start()
+            try:
+                rows = await queries["take"].fetch(raw, limit=runner.batch_size)
+            except BaseException:
+                await _rollback(tx)
+                raise
+            if not rows:
+                await tx.rollback()
+                return False
+        else:
+            rows = await queries["claim"].fetch(raw, limit=runner.batch_size,
+                                                worker_id=runner.worker_id)
+            if not rows:
+                return False
+            await tx.start()
+        started = time.perf_counter()
+        await self._run_batch(conn, session, tx, list(map(ClaimedJob._make, rows)), held)
+        seconds = (time.perf_counter() - started) / len(rows)
+        self.per_job = seconds if self.per_job is None else (
+            _PACE_WEIGHT * seconds + (1 - _PACE_WEIGHT) * self.per_job)
+        return True
 
-    async def _wait_for_work(self, conn: AsyncConnection) -> bool:
+    async def _wait_for_work(self) -> bool:
         """Sleep until a job may be due. False when a burst run is done."""
-        async with conn.begin():
-            due_in = (await conn.execute(queries["next_due"].text)).scalar()
+        due_in = await queries["next_due"].fetchval(self.raw)
         if self.runner.burst and (due_in is None or due_in > 0):
             return False
         timeout = self.runner.poll_interval
@@ -209,45 +259,51 @@ class Lane:
             await asyncio.wait_for(self.runner.wake.wait(), timeout)
         return True
 
-    async def _run_batch(
-        self, conn: AsyncConnection, session: AsyncSession, jobs: list[ClaimedJob]
-    ) -> None:
-        """Run a batch in one transaction; one commit records every outcome."""
-        ids = [job.id for job in jobs]
+    async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, tx: Any,
+                         jobs: list[ClaimedJob], held: bool) -> None:
+        """Run a batch in the open transaction `tx`; one commit records every outcome.
+        `held`: the jobs were taken by this transaction, not claimed before it."""
+        runner = self.runner
+        outcomes = Outcomes()
         try:
-            async with conn.begin():
-                outcomes = Outcomes()
+            async with conn.begin():  # no SQL: tells handler sessions to use savepoints
+                info, session_info = conn.info, session.info
                 for index, job in enumerate(jobs):
-                    if self.runner.stopping:
-                        outcomes.not_started = ids[index:]
+                    if runner.stopping:
+                        outcomes.not_started = [job.id for job in jobs[index:]]
                         break
-                    await self._run_one(conn, session, job, outcomes)
-                latencies = await self._record(conn, outcomes)
+                    await self._run_one(conn, session, job, outcomes, info, session_info)
+            latencies = await self._record(outcomes, held)
+            await tx.commit()
         except LostOwnership:
+            await _rollback(tx)
             logger.warning("batch of %d rolled back: another worker took some of its jobs",
                            len(jobs), extra={"event": "batch_lost", "jobs": len(jobs),
-                                             "worker_id": self.runner.worker_id})
-            await self.runner.hand_back(ids)
+                                             "worker_id": runner.worker_id})
+            if not held:
+                await runner.hand_back([job.id for job in jobs])
             return
         except Exception as exc:
-            if self.runner.aborting:
+            await _rollback(tx)
+            if runner.aborting:
                 raise
             if not is_connection_error(exc):
-                await self._after_batch_error(conn, session, jobs, exc)
+                await self._after_batch_error(conn, session, jobs, held, exc)
                 return
             logger.error("lane %d: connection lost mid-batch; %d job(s) go back to the queue",
                          self.number, len(jobs),
                          extra={"event": "batch_connection_lost", "lane": self.number,
-                                "jobs": len(jobs), "worker_id": self.runner.worker_id,
+                                "jobs": len(jobs), "worker_id": runner.worker_id,
                                 "error": one_line(exc)})
-            await self.runner.hand_back(ids)
+            if not held:
+                await runner.hand_back([job.id for job in jobs])
             raise
-        self.runner.stats.count_batch(outcomes, latencies)
+        runner.stats.count_batch(outcomes, latencies)
         if outcomes.done_ids and logger.isEnabledFor(logging.INFO):
             self._log_completed(jobs, outcomes)  # committed: now they are done
 
     async def _after_batch_error(self, conn: AsyncConnection, session: AsyncSession,
-                                 jobs: list[ClaimedJob], exc: Exception) -> None:
+                                 jobs: list[ClaimedJob], held: bool, exc: Exception) -> None:
         """The batch could not be recorded or committed (a deferred constraint
         a handler broke, say): it rolled back whole. Run its jobs again one per
         transaction, so the culprit fails alone; a lone job that still cannot
@@ -258,15 +314,24 @@ class Lane:
                            extra={"event": "batch_split", "jobs": len(jobs),
                                   "worker_id": self.runner.worker_id, "error": one_line(exc)})
             for job in jobs:
-                await self._run_batch(conn, session, [job])
+                tx = await self._begin_for(job, held)
+                if tx is not None:
+                    await self._run_batch(conn, session, tx, [job], held)
             return
         [job] = jobs
         out = Outcomes()
         retry = job.retry_count < job.max_retries
         delay = self.runner.retry_policy.delay(job.attempt) if retry else 0.0
         out.failure(job.id, error_text(exc), retry=retry, delay=delay)
-        async with conn.begin():
-            await self._record(conn, out)
+        tx = await self._begin_for(job, held)
+        if tx is None:
+            return
+        try:
+            await self._record(out, held)
+            await tx.commit()
+        except BaseException:
+            await _rollback(tx)
+            raise
         self.runner.stats.count_batch(out, [])
         logger.warning("job %s (%s) attempt %d failed at commit: %s", job.id, job.job_type,
                        job.attempt, error_text(exc),
@@ -275,9 +340,26 @@ class Lane:
                               "worker_id": self.runner.worker_id, "retry": retry,
                               "error": error_text(exc)})
 
-    async def _run_one(
-        self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob, out: Outcomes
-    ) -> None:
+    async def _begin_for(self, job: ClaimedJob, held: bool) -> Any:
+        """A transaction for one job of a rolled-back batch. A claimed job is
+        still this worker's; a taken one was released by the rollback and is
+        locked again, unless another worker has it by now (then None)."""
+        tx = self.raw.transaction()
+        await tx.start()
+        if held:
+            try:
+                rows = await queries["retake"].fetch(self.raw, ids=[job.id])
+            except BaseException:
+                await _rollback(tx)
+                raise
+            if not rows:
+                await tx.rollback()
+                return None
+        return tx
+
+    async def _run_one(self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob,
+                       out: Outcomes, info: dict[Any, Any], session_info: dict[Any, Any]
+                       ) -> None:
         runner = self.runner
         handler = runner.registry.get(job.job_type)
         if handler is None:
@@ -292,17 +374,18 @@ class Lane:
             return
         started = time.perf_counter()
         token = _current_job.set(job)
-        conn.info.pop(DB_ERROR, None)
+        if info:
+            info.pop(DB_ERROR, None)
         try:
-            session.info[IN_HANDLER] = True
+            session_info[IN_HANDLER] = True
             try:
                 result = await handler(session, json.loads(job.payload))
             finally:
-                session.info[IN_HANDLER] = False
-            if conn.info.pop(DB_ERROR, False):
+                session_info[IN_HANDLER] = False
+            if info and info.pop(DB_ERROR, False):
                 raise SwallowedDatabaseError(
                     "the handler caught a database error and went on; its writes are void")
-            encoded = encode_result(result)
+            encoded = None if result is None else encode_result(result)
             if session.in_transaction():
                 await session.commit()  # releases the handler's savepoint
         except Exception as exc:
@@ -324,9 +407,7 @@ class Lane:
                                   "retry_in_s": round(delay, 3) if retry else None,
                                   "error": error_text(exc)})
         else:
-            out.done_ids.append(job.id)
-            out.results.append(encoded)
-            out.handler_times.append(time.perf_counter() - started)
+            out.success(job.id, encoded, time.perf_counter() - started)
         finally:
             _current_job.reset(token)
             if session.identity_map:
@@ -345,27 +426,28 @@ class Lane:
                                "job_type": job.job_type, "attempt": job.attempt,
                                "duration_ms": ms, "worker_id": worker_id})
 
-    async def _record(self, conn: AsyncConnection, out: Outcomes) -> list[float]:
-        worker_id = self.runner.worker_id
+    async def _record(self, out: Outcomes, held: bool) -> list[float]:
+        """Write a batch's outcomes in its transaction; the successes' latencies."""
+        raw, worker_id = self.raw, self.runner.worker_id
         latencies: list[float] = []
         if out.done_ids:
-            result = await conn.execute(
-                queries["complete"].text,
-                {"ids": out.done_ids, "results": out.results, "worker_id": worker_id},
-            )
-            latencies = [float(v) for v in result.scalars()]
-            if len(latencies) != len(out.done_ids):
+            rows = await queries["complete"].fetch(
+                raw, ids=out.done_ids, results=out.results, worker_id=worker_id, held=held)
+            if len(rows) != len(out.done_ids):
                 raise LostOwnership
+            latencies = [row[0] for row in rows]
         if out.failed_ids:
-            result = await conn.execute(
-                queries["fail"].text,
-                {"ids": out.failed_ids, "errors": out.errors, "delays": out.delays,
-                 "retry": out.retry, "worker_id": worker_id},
-            )
-            if len(result.all()) != len(out.failed_ids):
+            rows = await queries["fail"].fetch(
+                raw, ids=out.failed_ids, errors=out.errors, delays=out.delays,
+                retry=out.retry, worker_id=worker_id, held=held)
+            if len(rows) != len(out.failed_ids):
                 raise LostOwnership
-        if out.not_started:
-            await conn.execute(
-                queries["hand_back"].text, {"ids": out.not_started, "worker_id": worker_id}
-            )
+        if out.not_started and not held:  # taken jobs are released by the commit
+            await queries["hand_back"].fetch(raw, ids=out.not_started, worker_id=worker_id)
         return latencies
+
+
+async def _rollback(tx: Any) -> None:
+    """Roll back if still open; on a dead connection there is nothing to undo."""
+    with contextlib.suppress(Exception):
+        await tx.rollback()

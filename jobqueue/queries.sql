@@ -26,8 +26,9 @@ WITH new AS (
 SELECT id FROM new ORDER BY n;
 
 -- claim --
--- Take up to :limit due jobs for worker :worker_id in one round trip. SKIP
--- LOCKED lets concurrent claimers pass each other instead of queueing up.
+-- Take up to :limit due jobs for worker :worker_id and commit at once, so they
+-- show `processing` while a long batch runs. SKIP LOCKED lets concurrent
+-- claimers pass each other instead of queueing up.
 WITH due AS (
     SELECT id
     FROM jobs
@@ -42,20 +43,47 @@ FROM due
 WHERE j.id = due.id
 RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j.max_retries;
 
+-- take --
+-- Lock up to :limit due jobs inside the batch's own transaction without
+-- writing them: a quick batch is claimed, run and recorded in one transaction,
+-- one new row version per job instead of two. The lock keeps other workers
+-- off until the commit; a crash rolls back and releases them untouched.
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries
+FROM jobs
+WHERE status IN ('pending', 'retrying') AND run_at <= now()
+ORDER BY run_at
+LIMIT :limit
+FOR UPDATE SKIP LOCKED;
+
+-- retake --
+-- Lock given jobs again, if still waiting (a quick batch that could not
+-- commit is rerun one job per transaction).
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries
+FROM jobs
+WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
+FOR UPDATE SKIP LOCKED;
+
 -- complete --
 -- Record the successes of a batch, in the transaction that holds their
--- handlers' writes. Only jobs this worker still owns are touched: the caller
--- rolls back everything if a row is missing.
+-- handlers' writes. :held means this transaction took the jobs (`take`):
+-- they are still waiting and locked by it. Otherwise only jobs this worker
+-- claimed and still owns are touched: the caller rolls back everything if a
+-- row is missing. Returns each job's latency (from enqueue or due time).
 UPDATE jobs AS j
 SET status = 'completed', completed_at = statement_timestamp(), next_retry_at = NULL,
-    result = CAST(d.result AS jsonb)
+    result = CAST(d.result AS jsonb), worker_id = :worker_id,
+    started_at = CASE WHEN :held THEN now() ELSE j.started_at END
 FROM unnest(CAST(:ids AS uuid[]), CAST(:results AS text[])) AS d(id, result)
-WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = :worker_id
-RETURNING extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at)) AS latency;
+WHERE j.id = d.id
+  AND CASE WHEN :held THEN j.status IN ('pending', 'retrying')
+           ELSE j.status = 'processing' AND j.worker_id = :worker_id END
+RETURNING CAST(extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at))
+               AS float8) AS latency;
 
 -- fail --
--- Record failed attempts: each becomes `retrying`, due after its backoff, or
--- `failed` for good; every attempt is appended to error_history.
+-- Record failed attempts (:held as in `complete`): each becomes `retrying`,
+-- due after its backoff, or `failed` for good; every attempt is appended to
+-- error_history.
 UPDATE jobs AS j
 SET status = CASE WHEN d.retry THEN 'retrying' ELSE 'failed' END,
     retry_count = j.retry_count + CASE WHEN d.retry THEN 1 ELSE 0 END,
@@ -65,12 +93,16 @@ SET status = CASE WHEN d.retry THEN 'retrying' ELSE 'failed' END,
                   THEN statement_timestamp() + make_interval(secs => d.delay)
                   ELSE j.run_at END,
     completed_at = CASE WHEN d.retry THEN NULL ELSE statement_timestamp() END,
+    started_at = CASE WHEN :held THEN now() ELSE j.started_at END,
+    worker_id = :worker_id,
     error_message = d.error,
     error_history = j.error_history || jsonb_build_array(jsonb_build_object(
         'attempt', j.retry_count + 1, 'error', d.error, 'at', statement_timestamp()))
 FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[]),
             CAST(:delays AS float8[]), CAST(:retry AS boolean[])) AS d(id, error, delay, retry)
-WHERE j.id = d.id AND j.status = 'processing' AND j.worker_id = :worker_id
+WHERE j.id = d.id
+  AND CASE WHEN :held THEN j.status IN ('pending', 'retrying')
+           ELSE j.status = 'processing' AND j.worker_id = :worker_id END
 RETURNING j.id;
 
 -- hand_back --

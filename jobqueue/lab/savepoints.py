@@ -9,6 +9,7 @@ And a recorder of the SQL SQLAlchemy sends, to see the savepoints that
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -108,20 +109,31 @@ def _shape(sql: str) -> str:
     return " ".join(sql.split())
 
 
+#: How asyncpg's own type introspection queries begin.
+_DRIVER_INTROSPECTION = ("SELECT current_setting('jit')", "WITH RECURSIVE typeinfo_tree",
+                         "SELECT set_config('jit'")
+
 _NAMED = {_shape(q.sql): name for name, q in queries.items()}
 
 
 def _label(statement: str) -> str:
+    statement = statement.strip().rstrip(";")
     name = _NAMED.get(_shape(statement))
     return f"{name}  (jobqueue/queries.sql)" if name else _short(statement, 80)
 
 
 @contextmanager
 def sql_trace(engine: AsyncEngine | None = None) -> Iterator[list[str]]:
-    """Record what SQLAlchemy sends: each statement (shortened; jobqueue's own
-    queries by their name in queries.sql) and BEGIN / COMMIT / ROLLBACK of
-    the transactions around them. On `engine`, or on every engine made while
-    recording (jobqueue's worker makes its own).
+    """Record what a connection sends: each statement (shortened; jobqueue's
+    own queries by their name in queries.sql) and BEGIN / COMMIT / ROLLBACK
+    of the transactions around them. On `engine`, or on every engine made
+    while recording (jobqueue's worker makes its own).
+
+    SQLAlchemy's events see what goes through it (sessions, savepoints). A
+    worker's lane runs its batch transactions and its own statements on the
+    driver directly, with SQLAlchemy in autocommit mode: on such connections
+    asyncpg's query logger records those too (leaving out the queries asyncpg
+    sends on its own to learn a type the first time it meets it).
 
         with sql_trace(engine) as trace:
             ...
@@ -129,22 +141,44 @@ def sql_trace(engine: AsyncEngine | None = None) -> Iterator[list[str]]:
     """
     trace: list[str] = []
     target: Any = engine.sync_engine if engine is not None else Engine
+    drivers: list[Any] = []
+
+    def autocommit(conn: Any) -> bool:
+        return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
+
+    def add(conn: Any, line: str) -> None:
+        # asyncpg calls its query loggers through the event loop (call_soon):
+        # on a connection it logs, SQLAlchemy's lines take the same queue, so
+        # the trace keeps the order in which the statements were sent.
+        if autocommit(conn):
+            asyncio.get_running_loop().call_soon(trace.append, line)
+        else:
+            trace.append(line)
+
+    def logged(record: Any) -> None:
+        if not " ".join(record.query.split()).startswith(_DRIVER_INTROSPECTION):
+            trace.append(_label(record.query))
+
+    def connected(conn: Any) -> None:
+        driver = conn.connection.driver_connection
+        if autocommit(conn) and driver is not None and driver not in drivers:
+            driver.add_query_logger(logged)
+            drivers.append(driver)
 
     def statement(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
-        trace.append(_label(sql))
+        add(conn, _label(sql))
 
-    def begin(conn: Any) -> None:
-        trace.append("BEGIN")
-
-    def commit(conn: Any) -> None:
-        trace.append("COMMIT")
-
-    def rollback(conn: Any) -> None:
-        trace.append("ROLLBACK")
+    def transaction(word: str) -> Callable[[Any], None]:
+        def hook(conn: Any) -> None:
+            # In autocommit mode SQLAlchemy's BEGIN and COMMIT send nothing.
+            if not autocommit(conn):
+                trace.append(word)
+        return hook
 
     hooks: dict[str, Callable[..., None]] = {
-        "before_cursor_execute": statement, "begin": begin, "commit": commit,
-        "rollback": rollback,
+        "engine_connect": connected, "before_cursor_execute": statement,
+        "begin": transaction("BEGIN"), "commit": transaction("COMMIT"),
+        "rollback": transaction("ROLLBACK"),
     }
     for name, fn in hooks.items():
         event.listen(target, name, fn)
@@ -153,6 +187,8 @@ def sql_trace(engine: AsyncEngine | None = None) -> Iterator[list[str]]:
     finally:
         for name, fn in hooks.items():
             event.remove(target, name, fn)
+        for driver in drivers:
+            driver.remove_query_logger(logged)
 
 
 async def session_pay(session: AsyncSession, payment_id: str, user_id: int,
