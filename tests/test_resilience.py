@@ -93,11 +93,18 @@ async def active_and_standby(conn, spawn_worker: Callable[..., WorkerProcess], *
     return first, second
 
 
+@pytest.mark.parametrize("mode", ["claimed", "quick"])
 async def test_sigkill_of_the_active_worker_mid_batch(
-    engine: AsyncEngine, spawn_worker, conn: asyncpg.Connection, record_property
+    engine: AsyncEngine, spawn_worker, conn: asyncpg.Connection, record_property, mode: str
 ) -> None:
-    active, standby = await active_and_standby(conn, spawn_worker, "--batch-size", "10")
-    await put_to_work(engine, conn, 60, sleep=0.05, started=5)
+    """Claimed batches (50 ms jobs, 10 a batch: over the default quick_batch)
+    are rescued; quick ones (`--quick-batch 5`, from the second batch on)
+    simply roll back."""
+    args = ["--batch-size", "10"] + (["--quick-batch", "5"] if mode == "quick" else [])
+    active, standby = await active_and_standby(conn, spawn_worker, *args)
+    await put_to_work(engine, conn, 60, sleep=0.05, started=15 if mode == "quick" else 5)
+    if mode == "quick":  # the batch under way holds its jobs without marking them
+        assert await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'processing'") == 0
 
     t0, new_active, recovery = await signal_and_recover(conn, active, standby,
                                                         signal.SIGKILL, 60)

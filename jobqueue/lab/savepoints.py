@@ -122,6 +122,51 @@ def _label(statement: str) -> str:
     return f"{name}  (jobqueue/queries.sql)" if name else _short(statement, 80)
 
 
+class _Trace:
+    """The hooks of `sql_trace`, writing into one list."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.drivers: list[Any] = []
+
+    @staticmethod
+    def autocommit(conn: Any) -> bool:
+        return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
+
+    def add(self, conn: Any, line: str) -> None:
+        # asyncpg calls its query loggers through the event loop (call_soon):
+        # on a connection it logs, SQLAlchemy's lines take the same queue, so
+        # the trace keeps the order in which the statements were sent.
+        if self.autocommit(conn):
+            asyncio.get_running_loop().call_soon(self.lines.append, line)
+        else:
+            self.lines.append(line)
+
+    def logged(self, record: Any) -> None:
+        if not " ".join(record.query.split()).startswith(_DRIVER_INTROSPECTION):
+            self.lines.append(_label(record.query))
+
+    def connected(self, conn: Any) -> None:
+        driver = conn.connection.driver_connection
+        if self.autocommit(conn) and driver is not None and driver not in self.drivers:
+            driver.add_query_logger(self.logged)
+            self.drivers.append(driver)
+
+    def statement(self, conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        self.add(conn, _label(sql))
+
+    def transaction(self, word: str) -> Callable[[Any], None]:
+        def hook(conn: Any) -> None:
+            if not self.autocommit(conn):  # then SQLAlchemy's BEGIN/COMMIT send nothing
+                self.lines.append(word)
+        return hook
+
+    def hooks(self) -> dict[str, Callable[..., None]]:
+        return {"engine_connect": self.connected, "before_cursor_execute": self.statement,
+                "begin": self.transaction("BEGIN"), "commit": self.transaction("COMMIT"),
+                "rollback": self.transaction("ROLLBACK")}
+
+
 @contextmanager
 def sql_trace(engine: AsyncEngine | None = None) -> Iterator[list[str]]:
     """Record what a connection sends: each statement (shortened; jobqueue's
@@ -139,56 +184,18 @@ def sql_trace(engine: AsyncEngine | None = None) -> Iterator[list[str]]:
             ...
         print("\\n".join(trace))
     """
-    trace: list[str] = []
     target: Any = engine.sync_engine if engine is not None else Engine
-    drivers: list[Any] = []
-
-    def autocommit(conn: Any) -> bool:
-        return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
-
-    def add(conn: Any, line: str) -> None:
-        # asyncpg calls its query loggers through the event loop (call_soon):
-        # on a connection it logs, SQLAlchemy's lines take the same queue, so
-        # the trace keeps the order in which the statements were sent.
-        if autocommit(conn):
-            asyncio.get_running_loop().call_soon(trace.append, line)
-        else:
-            trace.append(line)
-
-    def logged(record: Any) -> None:
-        if not " ".join(record.query.split()).startswith(_DRIVER_INTROSPECTION):
-            trace.append(_label(record.query))
-
-    def connected(conn: Any) -> None:
-        driver = conn.connection.driver_connection
-        if autocommit(conn) and driver is not None and driver not in drivers:
-            driver.add_query_logger(logged)
-            drivers.append(driver)
-
-    def statement(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
-        add(conn, _label(sql))
-
-    def transaction(word: str) -> Callable[[Any], None]:
-        def hook(conn: Any) -> None:
-            # In autocommit mode SQLAlchemy's BEGIN and COMMIT send nothing.
-            if not autocommit(conn):
-                trace.append(word)
-        return hook
-
-    hooks: dict[str, Callable[..., None]] = {
-        "engine_connect": connected, "before_cursor_execute": statement,
-        "begin": transaction("BEGIN"), "commit": transaction("COMMIT"),
-        "rollback": transaction("ROLLBACK"),
-    }
+    trace = _Trace()
+    hooks = trace.hooks()
     for name, fn in hooks.items():
         event.listen(target, name, fn)
     try:
-        yield trace
+        yield trace.lines
     finally:
         for name, fn in hooks.items():
             event.remove(target, name, fn)
-        for driver in drivers:
-            driver.remove_query_logger(logged)
+        for driver in trace.drivers:
+            driver.remove_query_logger(trace.logged)
 
 
 async def session_pay(session: AsyncSession, payment_id: str, user_id: int,

@@ -1,0 +1,116 @@
+"""Quick and claimed batches: which a lane picks, and what each looks like from outside.
+
+A claimed batch commits `processing` before its handlers run; a quick batch
+locks its jobs in its own transaction and moves them from `pending` straight
+to their outcome. A handler can tell which it is in by reading its own job's
+status through its session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from jobqueue import HandlerRegistry, JobRunner, current_job, enqueue, enqueue_many
+from jobqueue.lab.savepoints import sql_trace
+from jobqueue.testing import drain
+
+
+def status_recorder(seen: list[str], sleep: float = 0.0) -> HandlerRegistry:
+    registry = HandlerRegistry()
+
+    @registry.register("look")
+    async def look(session: AsyncSession, payload: dict[str, Any]) -> None:
+        status = (await session.execute(text("SELECT status FROM jobs WHERE id = :id"),
+                                        {"id": current_job().id})).scalar_one()
+        seen.append(status)
+        if sleep:
+            await asyncio.sleep(sleep)
+
+    return registry
+
+
+async def enqueue_looks(engine: AsyncEngine, n: int) -> None:
+    async with engine.begin() as s:
+        await enqueue_many(s, "look", [{} for _ in range(n)])
+
+
+async def test_a_lanes_first_batch_is_claimed_then_quick_batches_follow(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    seen: list[str] = []
+    await enqueue_looks(engine, 6)
+    with sql_trace() as trace:
+        report = await drain(db_url, registry=status_recorder(seen), batch_size=2)
+    assert seen[:2] == ["processing", "processing"]  # pace unknown: claimed first
+    assert seen[2:] == ["pending"] * 4  # fast jobs: taken and finished in one transaction
+    assert trace.count("claim  (jobqueue/queries.sql)") == 1
+    assert trace.count("take  (jobqueue/queries.sql)") == 3  # two batches, then nothing
+    assert report["processed"] == 6 and report["batches"] == 3
+    rows = await conn.fetch("SELECT status, started_at, completed_at, worker_id FROM jobs")
+    assert {r["status"] for r in rows} == {"completed"}
+    assert all(r["started_at"] <= r["completed_at"] for r in rows)
+    assert {r["worker_id"] for r in rows} == {report["worker_id"]}
+
+
+async def test_quick_batch_zero_always_claims_first(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    seen: list[str] = []
+    await enqueue_looks(engine, 6)
+    with sql_trace() as trace:
+        await drain(db_url, registry=status_recorder(seen), batch_size=2, quick_batch=0)
+    assert seen == ["processing"] * 6
+    assert "take  (jobqueue/queries.sql)" not in trace
+
+
+async def test_slow_batches_stay_claimed_so_their_jobs_show_processing(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    """30 ms jobs, two per batch: at least 60 ms a batch, over the 50 ms default."""
+    seen: list[str] = []
+    await enqueue_looks(engine, 6)
+    await drain(db_url, registry=status_recorder(seen, sleep=0.03), batch_size=2)
+    assert seen == ["processing"] * 6
+
+
+async def test_quick_batch_must_not_be_negative(db_url: str) -> None:
+    with pytest.raises(ValueError, match="quick batch"):
+        JobRunner(db_url, quick_batch=-1)
+
+
+async def test_a_quick_batch_that_cannot_commit_is_rerun_job_by_job(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    """The deferred-constraint case of test_worker, in a quick batch: the
+    rollback released the jobs, so each is locked again (`retake`) to run alone."""
+    await conn.execute(
+        "CREATE TABLE parents (id int PRIMARY KEY);"
+        "CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED);"
+        "INSERT INTO parents VALUES (1)")
+    registry = HandlerRegistry()
+
+    @registry.register("child")
+    async def child(session: AsyncSession, payload: dict[str, Any]) -> None:
+        await session.execute(text("INSERT INTO children VALUES (:p)"), {"p": payload["p"]})
+
+    async with engine.begin() as s:  # the first batch (claimed) sets the lane's pace
+        await enqueue_many(s, "child", [{"p": 1}] * 3)
+    ids = []
+    for p, retries in ((1, 3), (2, 0), (1, 3)):  # in order of run_at: the second batch
+        async with engine.begin() as s:
+            ids.append(await enqueue(s, "child", {"p": p}, max_retries=retries))
+    with sql_trace() as trace:
+        report = await drain(db_url, registry=registry, batch_size=3, quick_batch=60)
+    assert trace.count("retake  (jobqueue/queries.sql)") >= 3
+    statuses = [await conn.fetchval("SELECT status FROM jobs WHERE id = $1", i) for i in ids]
+    assert statuses == ["completed", "failed", "completed"]
+    error = await conn.fetchval("SELECT error_message FROM jobs WHERE id = $1", ids[1])
+    assert "ForeignKeyViolation" in error
+    assert await conn.fetchval("SELECT count(*) FROM children") == 5
+    assert report["processed"] == 5 and report["failed"] == 1
