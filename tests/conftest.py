@@ -12,12 +12,14 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from jobqueue import db, embedded, examples, migrations
+from jobqueue import HandlerRegistry, db, embedded, examples, migrations
 from jobqueue.testing import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,3 +108,19 @@ def spawn_worker(db_url: str, tmp_path: Path) -> Iterator[object]:
     yield spawn
     for w in started:
         w.close()
+
+
+@pytest.fixture
+async def child_registry(conn) -> HandlerRegistry:
+    """`child` jobs insert into a table whose foreign key is checked only at COMMIT."""
+    await conn.execute(
+        "CREATE TABLE parents (id int PRIMARY KEY);"
+        "CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED);"
+        "INSERT INTO parents VALUES (1)")
+    registry = HandlerRegistry()
+
+    @registry.register("child")
+    async def child(session: Any, payload: dict[str, Any]) -> None:
+        await session.execute(text("INSERT INTO children VALUES (:p)"), {"p": payload["p"]})
+
+    return registry

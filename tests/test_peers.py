@@ -8,11 +8,13 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from jobqueue import db
-from jobqueue.benchmarks import peers, rss, scenarios
+from jobqueue.benchmarks import peers, rss, save, scenarios
+from jobqueue.benchmarks.report import render
 from jobqueue.testing import wait_for
 
 TIMEOUT = 60
@@ -119,3 +121,53 @@ def test_settings_say_which_knobs_were_turned() -> None:
         "concurrency 5, 1 process")
     with pytest.raises(ValueError, match="unknown system"):
         peers.settings({"system": "celery"})
+
+
+async def test_the_report_has_a_peers_section_only_when_it_was_measured(
+        server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pgqueuer")
+    pytest.importorskip("procrastinate")
+    monkeypatch.setattr("jobqueue.benchmarks.results_dir", lambda: tmp_path)
+    tag = uuid.uuid4().hex[:8]
+    names = {"jobqueue": f"t{tag}", "pgqueuer": f"t{tag}_pgq", "procrastinate": f"t{tag}_pro"}
+    urls = {"jobqueue": await scenarios.open_bench(names["jobqueue"])}
+    try:
+        for system in ("pgqueuer", "procrastinate"):
+            urls[system] = await peers.open_peer(system, names[system])
+        context = {**await scenarios.environment(urls["jobqueue"]), **peers.versions()}
+        matrix = await scenarios.drain_matrix(urls["jobqueue"], n=100, batch_sizes=[50],
+                                              workers=[1], modes=["exclusive"], repeat=1)
+        save(matrix, "throughput_matrix", context)
+        text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+        assert "## Throughput" in text and "Beside its peers" not in text  # no CSVs, no section
+
+        setups = [{"system": "jobqueue", "batch_size": 50}, {"system": "pgqueuer"},
+                  {"system": "procrastinate", "concurrency": 2}, {"system": "course design"}]
+        save(await peers.drain_comparison(urls, setups, n=100, repeat=1), "comparison_drain",
+             context)
+        summaries, samples = await peers.latency_comparison(
+            urls, setups[:3], rates=[20], seconds=0.25, repeat=1)
+        save(summaries, "comparison_latency", context)
+        save(samples, "comparison_latency_samples", context)
+        memory, timelines = await peers.memory_comparison(
+            urls, [{**s, "n": 200} for s in setups[:3]])
+        save(memory, "comparison_memory", context)
+        save(timelines, "comparison_memory_timeline", context)
+    finally:
+        for name in names.values():
+            await scenarios.close_bench(name)
+
+    text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+    for heading in ("## Beside its peers", "### Draining 100 jobs", "### Latency under open-loop",
+                    "### Memory over a long drain", "PgQueuer 1.6.0", "| Procrastinate |"):
+        assert heading in text
+    assert "jobqueue's best (batch 50, 1 process (exclusive))" in text
+    assert "the course design's" in text
+    for figure in ("comparison_drain", "comparison_latency", "comparison_latency_cdf",
+                   "comparison_memory"):
+        assert (tmp_path / f"{figure}.png").stat().st_size > 0
+    assert text.index("## Beside its peers") < text.index("Celery + Redis")
+
+    (tmp_path / "throughput_matrix.csv").unlink()  # the peers alone still render
+    text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Beside its peers" in text and "## Throughput" not in text

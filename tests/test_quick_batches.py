@@ -45,8 +45,9 @@ async def test_a_lanes_first_batch_is_claimed_then_quick_batches_follow(
 ) -> None:
     seen: list[str] = []
     await enqueue_looks(engine, 6)
-    with sql_trace() as trace:
-        report = await drain(db_url, registry=status_recorder(seen), batch_size=2)
+    with sql_trace() as trace:  # a second is ample for two jobs even on a loaded machine
+        report = await drain(db_url, registry=status_recorder(seen), batch_size=2,
+                             quick_batch=1.0)
     assert seen[:2] == ["processing", "processing"]  # pace unknown: claimed first
     assert seen[2:] == ["pending"] * 4  # fast jobs: taken and finished in one transaction
     assert trace.count("claim  (jobqueue/queries.sql)") == 1
@@ -85,20 +86,11 @@ async def test_quick_batch_must_not_be_negative(db_url: str) -> None:
 
 
 async def test_a_quick_batch_that_cannot_commit_is_rerun_job_by_job(
-    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection, child_registry: HandlerRegistry
 ) -> None:
-    """The deferred-constraint case of test_worker, in a quick batch: the
-    rollback released the jobs, so each is locked again (`retake`) to run alone."""
-    await conn.execute(
-        "CREATE TABLE parents (id int PRIMARY KEY);"
-        "CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED);"
-        "INSERT INTO parents VALUES (1)")
-    registry = HandlerRegistry()
-
-    @registry.register("child")
-    async def child(session: AsyncSession, payload: dict[str, Any]) -> None:
-        await session.execute(text("INSERT INTO children VALUES (:p)"), {"p": payload["p"]})
-
+    """test_worker's deferred-constraint case in a quick batch: the rollback
+    released the jobs, so each is locked again (`retake`) to run alone."""
+    registry = child_registry
     async with engine.begin() as s:  # the first batch (claimed) sets the lane's pace
         await enqueue_many(s, "child", [{"p": 1}] * 3)
     ids = []

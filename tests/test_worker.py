@@ -429,19 +429,10 @@ async def test_what_postgresql_cannot_store_fails_the_job_not_the_worker(
 
 
 async def test_a_deferred_constraint_fails_its_own_job_alone(
-    engine: AsyncEngine, db_url: str, conn
+    engine: AsyncEngine, db_url: str, conn, child_registry: HandlerRegistry
 ) -> None:
     """Checked only at the batch's COMMIT: the batch is rerun job by job."""
-    await conn.execute(
-        "CREATE TABLE parents (id int PRIMARY KEY);"
-        "CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED);"
-        "INSERT INTO parents VALUES (1)")
-    registry = HandlerRegistry()
-
-    @registry.register("child")
-    async def child(session: Any, payload: dict[str, Any]) -> None:
-        await session.execute(text("INSERT INTO children VALUES (:p)"), {"p": payload["p"]})
-
+    registry = child_registry
     async with engine.begin() as s:
         good = await enqueue(s, "child", {"p": 1})
         orphan = await enqueue(s, "child", {"p": 2}, max_retries=0)
