@@ -353,7 +353,7 @@ def settings(setup: Mapping[str, Any]) -> str:
     if system == "procrastinate":
         return f"concurrency {setup.get('concurrency', 1)}, {procs}"
     if system == "course design":
-        return "transaction per job, ORM, batch 10, in the notebook's process"
+        return "a transaction per job, ORM, in-process"
     raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
 
 

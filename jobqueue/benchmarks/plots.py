@@ -189,3 +189,164 @@ def recovery_times_plot(times: pd.DataFrame) -> plt.Figure:
         ax.set_ylabel("recovery (s)")
     fig.tight_layout()
     return fig
+
+
+# -- beside the peers -----------------------------------------------------------------
+
+#: One colour per system in every comparison figure.
+SYSTEM_COLORS = {"jobqueue": "tab:blue", "pgqueuer": "tab:orange",
+                 "procrastinate": "tab:green", "course design": "tab:gray"}
+SYSTEM_NAMES = {"jobqueue": "jobqueue", "pgqueuer": "PgQueuer",
+                "procrastinate": "Procrastinate", "course design": "course design"}
+
+
+def _system_order(df: pd.DataFrame) -> list[str]:
+    return [s for s in SYSTEM_COLORS if s in set(df["system"])]
+
+
+def peer_drain_spread(df: pd.DataFrame) -> pd.DataFrame:
+    """Median, min and max jobs/s per system and settings, with the largest
+    resident memory any worker process reached (where it was sampled), in the
+    order the setups ran."""
+    s = spread(df, ["system", "settings"], "jobs_per_sec")
+    if "rss_peak_mib" in df.columns:
+        peak = df.groupby(["system", "settings"])["rss_peak_mib"].max().rename("rss_peak_mib")
+        s = s.merge(peak.reset_index(), on=["system", "settings"], how="left")
+    order = {key: i for i, key in enumerate(dict.fromkeys(zip(df["system"], df["settings"],
+                                                              strict=True)))}
+    s["order"] = [order[(a, b)] for a, b in zip(s["system"], s["settings"], strict=True)]
+    return s.sort_values("order").drop(columns="order").reset_index(drop=True)
+
+
+def peer_drain_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Drain throughput of every setup: median jobs/s (min–max) and the peak RSS."""
+    s = peer_drain_spread(df)
+    table = pd.DataFrame({"system": s["system"].map(SYSTEM_NAMES), "settings": s["settings"],
+                          f"{RATE} (min–max)": s.apply(_range, axis=1), "runs": s["runs"]})
+    if "rss_peak_mib" in s.columns:
+        table["peak RSS (MiB)"] = s["rss_peak_mib"].map(
+            lambda v: "–" if pd.isna(v) else f"{v:.0f}")
+    return table
+
+
+def peer_best_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Each system at its best measured setting (highest median), and how
+    many times faster jobqueue's best drained than that."""
+    s = peer_drain_spread(df)
+    best = s.loc[s.groupby("system")["median"].idxmax()].copy()
+    best["o"] = best["system"].map(list(SYSTEM_COLORS).index)
+    best = best.sort_values("o").reset_index(drop=True)
+    ours = best[best["system"] == "jobqueue"]["median"]
+    return pd.DataFrame({"system": best["system"].map(SYSTEM_NAMES),
+                         "best setting": best["settings"],
+                         f"{RATE} (median)": best["median"].round(0),
+                         "jobqueue's best ÷ this": (ours.iloc[0] / best["median"]).round(2)
+                         if len(ours) else float("nan")})
+
+
+def peer_drain_plot(df: pd.DataFrame) -> plt.Figure:
+    """A bar per setup (median jobs/s, min–max whiskers), log scale: the
+    systems span two orders of magnitude."""
+    s = peer_drain_spread(df).iloc[::-1].reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(s) + 1.2))
+    labels = [f"{SYSTEM_NAMES[a]}: {b}" for a, b in zip(s["system"], s["settings"], strict=True)]
+    ax.barh(range(len(s)), s["median"], color=[SYSTEM_COLORS[x] for x in s["system"]],
+            xerr=[s["median"] - s["min"], s["max"] - s["median"]], capsize=3)
+    ax.set_yticks(range(len(s)), labels, fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"drain throughput ({RATE}, median of runs, min–max)")
+    ax.set_title(f"Draining {int(df['n'].iloc[0]):,} no-op jobs, same server")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def peer_latency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """p50 and p99 to start and to completion, medians over runs, per rate and system."""
+    cols = ["achieved_rate", "start_p50_ms", "start_p99_ms", "complete_p50_ms",
+            "complete_p99_ms"]
+    med = df.groupby(["rate", "system", "settings"], sort=False)[cols].median().reset_index()
+    med["o"] = med["system"].map(list(SYSTEM_COLORS).index)
+    med = med.sort_values(["rate", "o"]).reset_index(drop=True)
+    return pd.DataFrame({
+        "arrivals (jobs/s)": med["rate"], "system": med["system"].map(SYSTEM_NAMES),
+        "settings": med["settings"], "achieved": med["achieved_rate"],
+        "to start p50 (ms)": med["start_p50_ms"], "to start p99 (ms)": med["start_p99_ms"],
+        "to completion p50 (ms)": med["complete_p50_ms"],
+        "to completion p99 (ms)": med["complete_p99_ms"]}).round(1)
+
+
+def peer_latency_plot(df: pd.DataFrame) -> plt.Figure:
+    """p50 (circles) and p99 (squares) against the arrival rate, to start
+    and to completion, one colour per system."""
+    med = df.groupby(["system", "rate"]).median(numeric_only=True).reset_index()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, (what, prefix) in zip(axes, (("start", "start_"), ("completion", "complete_")),
+                                  strict=True):
+        for system in _system_order(med):
+            g = med[med["system"] == system]
+            color = SYSTEM_COLORS[system]
+            ax.plot(g["rate"], g[f"{prefix}p50_ms"], "o-", color=color,
+                    label=f"{SYSTEM_NAMES[system]} p50")
+            ax.plot(g["rate"], g[f"{prefix}p99_ms"], "s--", color=color,
+                    label=f"{SYSTEM_NAMES[system]} p99")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arrival rate (jobs/s, open loop)")
+        ax.set_title(f"enqueue → {what}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("milliseconds")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def peer_latency_cdf(samples: pd.DataFrame, rate: float | None = None) -> plt.Figure:
+    """Share of jobs completed within x ms of being enqueued, per system, at
+    one arrival rate (the middle one unless told)."""
+    rates = sorted(samples["rate"].unique())
+    rate = rate if rate is not None else rates[len(rates) // 2]
+    at = samples[samples["rate"] == rate]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for system in _system_order(at):
+        values = at[at["system"] == system]["to_complete_ms"].sort_values()
+        share = [(i + 1) / len(values) for i in range(len(values))]
+        ax.step(values.clip(lower=0.01), share, where="post", color=SYSTEM_COLORS[system],
+                label=SYSTEM_NAMES[system])
+    ax.set_xscale("log")
+    ax.set_xlabel("enqueue → completion recorded (ms)")
+    ax.set_ylabel("share of jobs")
+    ax.set_title(f"Latency distribution at {rate:g} jobs/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def peer_memory_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Resident memory of one worker at the start and end of a long drain, and its peak."""
+    return pd.DataFrame({
+        "system": df["system"].map(SYSTEM_NAMES), "settings": df["settings"],
+        "jobs drained": df["n"], f"{RATE}": df["jobs_per_sec"],
+        "RSS at first claim (MiB)": df["rss_start_mib"],
+        "RSS at last completion (MiB)": df["rss_end_mib"],
+        "peak RSS (MiB)": df["rss_peak_mib"]}).round(1)
+
+
+def peer_memory_plot(timeline: pd.DataFrame) -> plt.Figure:
+    """Each worker's RSS over its drain (t = 0 at the first claim)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for system in _system_order(timeline):
+        g = timeline[timeline["system"] == system]
+        n = int(g["n"].iloc[0])
+        ax.plot(g["t"], g["rss_mib"], color=SYSTEM_COLORS[system],
+                label=f"{SYSTEM_NAMES[system]} ({n:,} jobs, {g['settings'].iloc[0]})")
+    ax.axvline(0, color="black", linestyle=":", linewidth=1)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seconds from the first claim")
+    ax.set_ylabel("worker resident memory (MiB)")
+    ax.set_title("One worker's memory while it drains")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
