@@ -160,7 +160,7 @@ def encode_result(result: Any) -> str | None:
     return encoded
 
 
-#: Weight of the newest batch in a lane's running estimate of seconds per job.
+#: Weight of the newest batch in a lane's running estimate of a job's run time.
 _PACE_WEIGHT = 0.3
 
 
@@ -172,7 +172,9 @@ class Lane:
         self.engine = engine
         self.number = number
         self.raw: Any = None  # the asyncpg connection, to cut it off when abandoning
-        #: Recent seconds per job (handlers and bookkeeping); None until a batch ran.
+        #: Recent seconds a job takes to run (its handler and savepoint; the
+        #: batch's own statements are left out, or a lone job's commit would
+        #: count as if each job of a full batch paid it); None until a batch ran.
         self.per_job: float | None = None
 
     async def run(self) -> None:
@@ -240,12 +242,14 @@ class Lane:
             if not rows:
                 return False
             await tx.start()
-        started = time.perf_counter()
         await self._run_batch(conn, session, tx, list(map(ClaimedJob._make, rows)), held)
-        seconds = (time.perf_counter() - started) / len(rows)
-        self.per_job = seconds if self.per_job is None else (
-            _PACE_WEIGHT * seconds + (1 - _PACE_WEIGHT) * self.per_job)
         return True
+
+    def _pace(self, seconds: float, jobs: int) -> None:
+        """Fold a batch's run time into the lane's estimate of a job's."""
+        per_job = seconds / jobs
+        self.per_job = per_job if self.per_job is None else (
+            _PACE_WEIGHT * per_job + (1 - _PACE_WEIGHT) * self.per_job)
 
     async def _wait_for_work(self) -> bool:
         """Sleep until a job may be due. False when a burst run is done."""
@@ -268,11 +272,15 @@ class Lane:
         try:
             async with conn.begin():  # no SQL: tells handler sessions to use savepoints
                 info, session_info = conn.info, session.info
-                for index, job in enumerate(jobs):
+                started, ran = time.perf_counter(), 0
+                for job in jobs:
                     if runner.stopping:
-                        outcomes.not_started = [job.id for job in jobs[index:]]
+                        outcomes.not_started = [job.id for job in jobs[ran:]]
                         break
                     await self._run_one(conn, session, job, outcomes, info, session_info)
+                    ran += 1
+                if ran:
+                    self._pace(time.perf_counter() - started, ran)
             latencies = await self._record(outcomes, held)
             await tx.commit()
         except LostOwnership:
