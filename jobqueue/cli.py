@@ -273,11 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="a module that registers handlers (repeatable)")
     s.add_argument("--concurrency", type=int, default=1, help="lanes running side by side")
-    s.add_argument("--batch-size", type=int, default=100,
-                   help="most jobs one lane claims and commits at once")
+    s.add_argument("--batch-size", type=int, default=1000,
+                   help="most jobs one lane takes and commits at once")
     s.add_argument("--quick-batch", type=float, default=0.05, metavar="SECONDS",
-                   help="batches expected to finish within this run in one transaction "
-                        "(their jobs never show processing); 0: always claim first")
+                   help="jobs faster than this run in one-transaction batches of about this "
+                        "length (never shown processing); slower ones are claimed one at a "
+                        "time; 0: every batch claims first")
     s.add_argument("--shared", action="store_true",
                    help="work alongside other workers instead of one active and standbys")
     s.add_argument("--lease", type=float, default=5.0,

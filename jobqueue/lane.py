@@ -6,17 +6,19 @@ never touches the database costs no round trip. One `complete` and one
 `fail` statement record every outcome.
 
 Two ways to take a batch, chosen per batch from how long the lane's recent
-jobs took:
+jobs took (`Lane.plan`):
 
-- **quick** (the batch should finish within `quick_batch` seconds): lock the
-  due jobs inside the batch's own transaction (`take`), run them, record them,
-  commit. One new row version per job; a crash rolls everything back and the
-  jobs are simply waiting again. Their status goes from `pending` straight to
-  `completed`: nobody could have watched a `processing` that lasts milliseconds.
-- **claimed** (longer batches, and the first batch of a lane): commit the claim
-  first (`claim`), so the jobs show `processing` with this worker's id while
-  they run; the outcomes check that the worker still owns them (if another
-  worker took them meanwhile, this one was declared hung: nothing commits).
+- **quick** (jobs faster than `quick_batch`, 50 ms by default): lock as many
+  due jobs as should finish within `quick_batch` (up to `batch_size`) inside
+  the batch's own transaction (`take`), run them, record them, commit. One new
+  row version per job; a crash rolls everything back and the jobs are simply
+  waiting again. Their status goes from `pending` straight to `completed`:
+  nobody could have watched a `processing` that lasts milliseconds.
+- **claimed** (slower jobs, one per batch, and a lane's very first job): commit
+  the claim first (`claim`), so the job shows `processing` with this worker's
+  id while it runs; the outcome checks that the worker still owns it (if
+  another worker took it meanwhile, this one was declared hung: nothing
+  commits).
 
 The lane runs its transactions on the asyncpg connection itself; SQLAlchemy
 sees the connection in autocommit mode, so it never sends a BEGIN or COMMIT of
@@ -200,11 +202,22 @@ class Lane:
         if self.raw is not None and not self.raw.is_closed():
             self.raw.terminate()
 
-    def quick(self) -> bool:
-        """Should the next batch be taken and finished in one transaction?
-        Yes when a full batch at the recent pace fits in `quick_batch`."""
-        return (self.per_job is not None
-                and self.per_job * self.runner.batch_size <= self.runner.quick_batch)
+    def plan(self) -> tuple[bool, int]:
+        """How to take the next batch: (quick?, how many jobs at most).
+
+        Jobs that run faster than `quick_batch` go in quick batches sized to
+        last about that long (at most `batch_size`); slower ones are claimed
+        one at a time, so `processing` means running and no transaction stays
+        open across many slow jobs. A lane that has not run anything yet
+        claims one job to learn the pace. `quick_batch` 0: claimed batches of
+        up to `batch_size`, never quick."""
+        runner = self.runner
+        if runner.quick_batch == 0:
+            return False, runner.batch_size
+        if self.per_job is None or self.per_job > runner.quick_batch:
+            return False, 1
+        fits = int(runner.quick_batch / self.per_job) if self.per_job > 0 else runner.batch_size
+        return True, max(1, min(runner.batch_size, fits))
 
     async def _loop(self, conn: AsyncConnection) -> None:
         runner = self.runner
@@ -224,12 +237,12 @@ class Lane:
     async def _next_batch(self, conn: AsyncConnection, session: AsyncSession) -> bool:
         """Take and run one batch; False when nothing was due."""
         raw, runner = self.raw, self.runner
-        held = self.quick()
+        held, limit = self.plan()
         tx = raw.transaction()
         if held:
             await tx.start()
             try:
-                rows = await queries["take"].fetch(raw, limit=runner.batch_size)
+                rows = await queries["take"].fetch(raw, limit=limit)
             except BaseException:
                 await _rollback(tx)
                 raise
@@ -237,8 +250,7 @@ class Lane:
                 await tx.rollback()
                 return False
         else:
-            rows = await queries["claim"].fetch(raw, limit=runner.batch_size,
-                                                worker_id=runner.worker_id)
+            rows = await queries["claim"].fetch(raw, limit=limit, worker_id=runner.worker_id)
             if not rows:
                 return False
             await tx.start()

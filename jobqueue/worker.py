@@ -68,14 +68,15 @@ class JobRunner:
 
     concurrency: lanes, each with its own connection, running batches side by
         side (async handlers that wait on I/O overlap).
-    batch_size: most jobs one lane claims and commits at once. Larger batches
+    batch_size: most jobs one lane takes and commits at once. Larger batches
         amortise commits (the dominant cost of a no-op job); a batch is
         whatever is due, up to this size, so a lone job never waits to fill one.
-    quick_batch: seconds. A batch expected to finish within this (from the
-        lane's recent pace) is taken, run and recorded in one transaction:
-        half the row writes, but its jobs never show `processing`. Longer
-        batches commit their claim first so their jobs show `processing` with
-        the worker's id while they run. 0: always commit the claim first.
+    quick_batch: seconds. Jobs that run faster than this (at the lane's recent
+        pace) go in quick batches, sized to last about this long: taken, run
+        and recorded in one transaction, half the row writes, but the jobs
+        never show `processing`. Slower jobs are claimed one at a time and
+        show `processing` with the worker's id while they run. 0: no quick
+        batches; every batch (up to batch_size jobs) commits its claim first.
     shared: every worker works at once instead of one active and standbys.
     lease: seconds without a heartbeat after which a worker counts as hung
         and is fenced off; it bounds recovery from a stopped process.
@@ -93,7 +94,7 @@ class JobRunner:
         *,
         registry: HandlerRegistry = handlers,
         concurrency: int = 1,
-        batch_size: int = 100,
+        batch_size: int = 1000,
         quick_batch: float = 0.05,
         shared: bool = False,
         lease: float = 5.0,

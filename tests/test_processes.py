@@ -42,7 +42,8 @@ async def test_sigterm_finishes_the_running_job_and_hands_back_the_rest(
 ) -> None:
     async with engine.begin() as s:
         ids = await enqueue_many(s, "effect", [{"sleep": 0.5} for _ in range(10)])
-    worker = spawn_worker("--batch-size", "10", "--grace-period", "20")
+    # --quick-batch 0: the batch of ten is claimed whole, though its jobs are slow.
+    worker = spawn_worker("--batch-size", "10", "--quick-batch", "0", "--grace-period", "20")
     await wait_for(lambda: _started(conn), timeout=TIMEOUT, message="the first job to start")
     assert await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'processing'") == 10
 

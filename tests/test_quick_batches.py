@@ -40,7 +40,7 @@ async def enqueue_looks(engine: AsyncEngine, n: int) -> None:
         await enqueue_many(s, "look", [{} for _ in range(n)])
 
 
-async def test_a_lanes_first_batch_is_claimed_then_quick_batches_follow(
+async def test_a_lanes_first_job_is_claimed_then_quick_batches_follow(
     engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
 ) -> None:
     seen: list[str] = []
@@ -48,15 +48,27 @@ async def test_a_lanes_first_batch_is_claimed_then_quick_batches_follow(
     with sql_trace() as trace:  # a second is ample for two jobs even on a loaded machine
         report = await drain(db_url, registry=status_recorder(seen), batch_size=2,
                              quick_batch=1.0)
-    assert seen[:2] == ["processing", "processing"]  # pace unknown: claimed first
-    assert seen[2:] == ["pending"] * 4  # fast jobs: taken and finished in one transaction
+    assert seen[0] == "processing"  # pace unknown: one job, claimed, to learn it
+    assert seen[1:] == ["pending"] * 5  # fast jobs: taken and finished in one transaction
     assert trace.count("claim  (jobqueue/queries.sql)") == 1
-    assert trace.count("take  (jobqueue/queries.sql)") == 3  # two batches, then nothing
-    assert report["processed"] == 6 and report["batches"] == 3
+    assert trace.count("take  (jobqueue/queries.sql)") == 4  # 2 + 2 + 1, then nothing
+    assert report["processed"] == 6 and report["batches"] == 4
     rows = await conn.fetch("SELECT status, started_at, completed_at, worker_id FROM jobs")
     assert {r["status"] for r in rows} == {"completed"}
     assert all(r["started_at"] <= r["completed_at"] for r in rows)
     assert {r["worker_id"] for r in rows} == {report["worker_id"]}
+
+
+async def test_quick_batches_last_about_quick_batch(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    """10 ms jobs and quick_batch 0.5 s: batches of about 50, not the 1,000 allowed."""
+    seen: list[str] = []
+    await enqueue_looks(engine, 300)
+    report = await drain(db_url, registry=status_recorder(seen, sleep=0.01), quick_batch=0.5)
+    assert report["processed"] == 300
+    assert 300 / 50 <= report["batches"] - 1 <= 300 / 25  # the first job alone, claimed
+    assert seen.count("processing") == 1
 
 
 async def test_quick_batch_zero_always_claims_first(
@@ -70,14 +82,15 @@ async def test_quick_batch_zero_always_claims_first(
     assert "take  (jobqueue/queries.sql)" not in trace
 
 
-async def test_slow_batches_stay_claimed_so_their_jobs_show_processing(
-    engine: AsyncEngine, db_url: str
+async def test_slow_jobs_are_claimed_one_at_a_time_and_show_processing(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
 ) -> None:
-    """30 ms jobs, two per batch: at least 60 ms a batch, over the 50 ms default."""
+    """60 ms jobs, over the 50 ms default: each is claimed alone, just before it runs."""
     seen: list[str] = []
     await enqueue_looks(engine, 6)
-    await drain(db_url, registry=status_recorder(seen, sleep=0.03), batch_size=2)
+    report = await drain(db_url, registry=status_recorder(seen, sleep=0.06), batch_size=10)
     assert seen == ["processing"] * 6
+    assert report["batches"] == 6
 
 
 async def test_quick_batch_must_not_be_negative(db_url: str) -> None:
