@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -35,6 +36,15 @@ def alembic_config(url: str | None = None) -> Config:
 
 async def upgrade(url: str | None = None, revision: str = "head") -> None:
     """Bring the database's schema to `revision` (the newest by default)."""
+    await _run(command.upgrade, url, revision)
+
+
+async def downgrade(url: str | None, revision: str) -> None:
+    """Take the database's schema back to `revision` (`base`: nothing left)."""
+    await _run(command.downgrade, url, revision)
+
+
+async def _run(step: Callable[[Config, str], None], url: str | None, revision: str) -> None:
     engine = create_async_engine(database_url(url))
     try:
         async with engine.begin() as conn:
@@ -42,7 +52,7 @@ async def upgrade(url: str | None = None, revision: str = "head") -> None:
             def run(sync_conn: object) -> None:
                 cfg = alembic_config()
                 cfg.attributes["connection"] = sync_conn
-                command.upgrade(cfg, revision)
+                step(cfg, revision)
 
             await conn.run_sync(run)
     finally:

@@ -46,3 +46,24 @@ async def test_migrating_twice_changes_nothing_and_the_trigger_exists(db_url: st
         assert "WHERE" in index and "pending" in index and "retrying" in index
     finally:
         await conn.close()
+
+
+async def test_the_jobs_table_is_vacuumed_early_and_the_downgrade_resets_it(
+    server_url: str
+) -> None:
+    url = await db.create_database(server_url, "jobqueue_vacuum_check", replace=True)
+    conn = await asyncpg.connect(**db.asyncpg_connect_args(url))
+
+    async def options() -> set[str]:
+        return set(await conn.fetchval(
+            "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'jobs'::regclass"))
+
+    try:
+        await migrations.upgrade(url)
+        assert {"autovacuum_vacuum_scale_factor=0.02",
+                "autovacuum_vacuum_insert_scale_factor=0.05"} <= await options()
+        await migrations.downgrade(url, "0002")
+        assert await options() == set()
+    finally:
+        await conn.close()
+        await db.drop_database(server_url, "jobqueue_vacuum_check")
