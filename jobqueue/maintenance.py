@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("jobqueue.maintenance")
 
-PRUNE_EVERY = 60.0  # seconds between pruning passes
-PRUNE_SLICE = 10_000  # most jobs one pruning statement deletes
+PRUNE_EVERY = 60.0  # seconds between pruning passes that find little to do
+PRUNE_SLICE = 10_000  # most jobs one pruning statement deletes; a full slice
+# means more are waiting, so the next tick prunes again instead of a minute later
 
 
 class Fenced(Exception):
@@ -101,8 +102,8 @@ class Upkeep:
             pruned = 0
             now = asyncio.get_running_loop().time()
             if self.leader and now - self.last_prune >= PRUNE_EVERY:
-                self.last_prune = now
                 pruned = await prune(self.conn, runner.keep_completed, runner.keep_failed)
+                self.last_prune = now if pruned < PRUNE_SLICE else now - PRUNE_EVERY
         if rescued:
             runner.stats.rescued += rescued
             logger.warning("returned %d job(s) of dead workers to the queue", rescued)
