@@ -63,6 +63,9 @@ async def test_report_renders_from_results_files(bench_url: str, tmp_path: Path,
                                                       lease=1.0, jobs=300)
     save(times, "recovery", context)
     save(timeline, "recovery_timeline", context)
+    soak = await scenarios.soak(bench_url, rate=100, seconds=1.0, keep_seconds=1, interval=0.2)
+    save([soak["summary"]], "throughput_soak", context)
+    save(soak["timeline"], "throughput_soak_timeline", context)
     df, ctx = load("throughput_matrix", tmp_path)
     assert len(df) == 2 and ctx["fsync"] == "on"
 
@@ -72,6 +75,7 @@ async def test_report_renders_from_results_files(bench_url: str, tmp_path: Path,
                     "Celery + Redis"):
         assert heading in text
     assert "| SIGKILL |" in text
+    assert "### A long run" in text and (tmp_path / "soak.png").stat().st_size > 0
     assert (tmp_path / "throughput.png").stat().st_size > 0
     assert signal.SIGKILL.name in set(times_df_signals(tmp_path))
 
@@ -79,6 +83,15 @@ async def test_report_renders_from_results_files(bench_url: str, tmp_path: Path,
 def times_df_signals(path: Path) -> list[str]:
     df, _ = load("recovery", path)
     return list(df["signal"])
+
+
+async def test_a_soak_samples_the_table_and_the_worker(bench_url: str) -> None:
+    run = await scenarios.soak(bench_url, rate=200, seconds=1.5, keep_seconds=1, interval=0.1)
+    points = run["timeline"]
+    assert len(points) >= 10
+    assert points[-1]["live"] + points[-1]["backlog"] > 0 or points[-1]["table_mib"] > 0
+    assert all(p["rss_mib"] is None or 20 < p["rss_mib"] < 500 for p in points)
+    assert run["summary"]["jobs"] == 300 and run["summary"]["rss_mib_start"] is not None
 
 
 async def test_the_course_design_drains_everything(bench_url: str) -> None:

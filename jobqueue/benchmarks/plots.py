@@ -92,6 +92,38 @@ def table_size_plot(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+def soak_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The long run in one row: peaks in its second and last thirds."""
+    cols = {"rate": "jobs/s", "seconds": "seconds", "keep_seconds": "kept (s)",
+            "dead_peak_middle": "dead rows, peak (2nd third)",
+            "dead_peak_last": "dead rows, peak (last third)",
+            "live_peak_last": "live rows, peak (last third)",
+            "table_mib_end": "table MiB at the end", "autovacuums": "autovacuums",
+            "rss_mib_start": "worker RSS MiB, start", "rss_mib_end": "worker RSS MiB, end"}
+    return summary[list(cols)].rename(columns=cols)
+
+
+def soak_plot(timeline: pd.DataFrame) -> plt.Figure:
+    fig, (rows, size, memory) = plt.subplots(1, 3, figsize=(13, 3.6))
+    rows.plot(timeline["t"], timeline["live"], label="live rows")
+    rows.plot(timeline["t"], timeline["dead"], label="dead rows")
+    rows.plot(timeline["t"], timeline["backlog"], label="waiting jobs")
+    rows.set_title("jobs table: rows")
+    rows.legend()
+    size.plot(timeline["t"], timeline["table_mib"], label="table")
+    size.plot(timeline["t"], timeline["pickable_index_mib"], label="idx_jobs_pickable")
+    size.set_title("on disk (MiB)")
+    size.legend()
+    memory.plot(timeline["t"], timeline["rss_mib"], color="C3")
+    memory.set_ylim(bottom=0)
+    memory.set_title("worker resident memory (MiB)")
+    for ax in (rows, size, memory):
+        ax.set_xlabel("seconds into the run")
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def work_table(df: pd.DataFrame) -> pd.DataFrame:
     s = spread(df, ["handler", "mode", "workers"], "jobs_per_sec")
     s[f"{RATE} (min–max)"] = s.apply(_range, axis=1)

@@ -82,9 +82,12 @@ def _throughput(results: Path) -> str:
             f"From {int(first['n']):,} to {int(last['n']):,} jobs in the table, throughput "
             f"changes by {change:+.0f} %. The claim reads the partial index of pickable jobs, "
             "so its cost does not depend on finished rows;",
-            "each drained job leaves dead tuples behind (two updates per job) that autovacuum "
-            "must clean, which is what the last column counts.",
+            "each drained job leaves a dead row version behind (two if its batch was claimed "
+            "rather than quick) that autovacuum must clean, which is what the last column "
+            "counts.",
         ]
+    if (results / "throughput_soak.csv").exists():
+        lines += _soak(results)
     if (results / "throughput_work.csv").exists():
         wdf, _ = load("throughput_work", results)
         lines += [
@@ -96,6 +99,29 @@ def _throughput(results: Path) -> str:
             "as lanes × 100 jobs/s: concurrency, not batching, is the knob for them.",
         ]
     return "\n".join(lines)
+
+
+def _soak(results: Path) -> list[str]:
+    summary, _ = load("throughput_soak", results)
+    timeline, _ = load("throughput_soak_timeline", results)
+    row = summary.iloc[0]
+    climbing = row["dead_peak_last"] > 1.5 * max(row["dead_peak_middle"], 1)
+    return [
+        "", "### A long run: does the table stay healthy?", "",
+        f"{row['rate']:,.0f} jobs/s arriving for {row['seconds']:,.0f} s on one worker at its "
+        f"defaults, completed jobs kept {row['keep_seconds']:,.0f} s (then pruned); the jobs "
+        "table's rows and size, sampled every second.", "",
+        plots.markdown(plots.soak_table(summary), floatfmt=",.1f"), "",
+        _figure(plots.soak_plot(timeline), "soak", results), "",
+        f"Dead row versions peak at {row['dead_peak_middle']:,.0f} in the run's second third "
+        f"and {row['dead_peak_last']:,.0f} in its last: "
+        + ("still climbing at the end." if climbing else "a saw-tooth, not a climb.")
+        + " Pruning deletes in bursts (every minute, or every tick while a full slice of "
+        "10,000 is waiting) and autovacuum (at 2 % dead rows, looked at every 10 s: "
+        "`autovacuum_naptime`) takes them back; the table stops growing once pruning "
+        f"keeps pace ({row['table_mib_end']:,.1f} MiB at the end) and the worker's memory "
+        f"stays where it started ({row['rss_mib_start']:,.0f} → {row['rss_mib_end']:,.0f} MiB).",
+    ]
 
 
 def _modes_sentence(s: pd.DataFrame) -> str:

@@ -174,7 +174,7 @@ async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: boo
     return result, rss.timeline(sampler.samples, first)
 
 
-async def memory_timeline(url: str, *, n: int, batch_size: int = 100, shared: bool = False,
+async def memory_timeline(url: str, *, n: int, batch_size: int = 1000, shared: bool = False,
                           workers: int = 1, timeout: float = 3600.0) -> dict[str, Any]:
     """One drain of `n` jobs with the workers' resident memory sampled every
     quarter second: the summary row (`drain`'s, with the RSS figures) and the
@@ -186,12 +186,14 @@ async def memory_timeline(url: str, *, n: int, batch_size: int = 100, shared: bo
     return {"summary": row, "timeline": timeline}
 
 
-async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 100,
-                    connections: int = 8, log_dir: Path | None = None) -> dict[str, Any]:
-    """Arrivals at `rate` jobs/s for `seconds`, each enqueued in its own
-    transaction at its scheduled time whatever the queue is doing; one idle
-    worker process. Returns the summary and the per-job latencies."""
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-latency-"))
+@contextlib.asynccontextmanager
+async def _one_worker_and_producers(url: str, log_path: Path, connections: int,
+                                    *worker_args: str
+                                    ) -> AsyncIterator[tuple[asyncpg.Connection, asyncpg.Pool,
+                                                             WorkerProcess]]:
+    """An emptied, vacuumed table, one worker process that is active and idle,
+    a pool for the producer and a connection for the measurements; the worker
+    is stopped with SIGTERM on the way out."""
     conn = await db.connect(url, application_name="jobqueue bench")
     pool = await asyncpg.create_pool(**db.asyncpg_connect_args(url), min_size=connections,
                                      max_size=connections)
@@ -199,11 +201,29 @@ async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 
     try:
         await _reset(conn)
         await conn.execute("VACUUM ANALYZE jobs")
-        worker = WorkerProcess(url, log_dir / "worker.log",
-                               *_worker_args(batch_size, False, 1))
+        worker = WorkerProcess(url, log_path, *worker_args)
         await wait_for(lambda: conn.fetchval(
             "SELECT count(*) = 1 FROM jobqueue_workers WHERE state = 'active'"),
             timeout=60, message="an active worker")
+        yield conn, pool, worker
+    finally:
+        if worker is not None:
+            worker.signal(signal.SIGTERM)
+            with contextlib.suppress(Exception):
+                await worker.wait(30)
+            worker.close()
+        await pool.close()
+        await conn.close()
+
+
+async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 1000,
+                    connections: int = 8, log_dir: Path | None = None) -> dict[str, Any]:
+    """Arrivals at `rate` jobs/s for `seconds`, each enqueued in its own
+    transaction at its scheduled time whatever the queue is doing; one idle
+    worker process. Returns the summary and the per-job latencies."""
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-latency-"))
+    async with _one_worker_and_producers(url, log_dir / "worker.log", connections,
+                                         *_worker_args(batch_size, False, 1)) as (conn, pool, _):
         total = max(1, round(rate * seconds))
         lateness = await _arrivals(pool, rate, total)
         await wait_for(lambda: conn.fetchval(
@@ -213,19 +233,85 @@ async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 
             "SELECT extract(epoch FROM started_at - created_at) AS to_start,"
             " extract(epoch FROM completed_at - created_at) AS to_complete,"
             " extract(epoch FROM created_at) AS created FROM jobs")
-    finally:
-        if worker is not None:
-            worker.signal(signal.SIGTERM)
-            with contextlib.suppress(Exception):
-                await worker.wait(30)
-            worker.close()
-        await pool.close()
-        await conn.close()
     created = sorted(float(r["created"]) for r in rows)
     span = created[-1] - created[0] if len(created) > 1 else 0.0
     to_start = [float(r["to_start"]) for r in rows]
     to_complete = [float(r["to_complete"]) for r in rows]
     return latency_result(rate, seconds, span, lateness, to_start, to_complete)
+
+
+async def soak(url: str, *, rate: float, seconds: float, keep_seconds: float,
+               interval: float = 1.0, connections: int = 8,
+               log_dir: Path | None = None) -> dict[str, Any]:
+    """A long steady run: arrivals at `rate` for `seconds` on one worker (its
+    defaults) that prunes completed jobs older than `keep_seconds`. Every
+    `interval` seconds: the jobs table's live and dead rows, its size and its
+    pickable index's, the backlog, autovacuum runs so far and the worker's
+    resident memory. A healthy queue draws flat or saw-toothed lines; none
+    may climb with time."""
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-soak-"))
+    timeline: list[dict[str, Any]] = []
+    async with _one_worker_and_producers(
+            url, log_dir / "worker.log", connections, "--import", "jobqueue.bench_handlers",
+            "--log-level", "WARNING", "--keep-completed-days", repr(keep_seconds / 86_400)
+    ) as (conn, pool, worker):
+        vacuums_before = await conn.fetchval(_AUTOVACUUMS)
+        sampler = asyncio.create_task(_sample_table(conn, worker.pid, interval, timeline))
+        try:
+            lateness = await _arrivals(pool, rate, max(1, round(rate * seconds)))
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+    for point in timeline:
+        point["autovacuums"] -= vacuums_before
+    return {"summary": _soak_summary(rate, seconds, keep_seconds, lateness, timeline),
+            "timeline": timeline}
+
+
+_AUTOVACUUMS = "SELECT autovacuum_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
+
+
+async def _sample_table(conn: asyncpg.Connection, pid: int, interval: float,
+                        into: list[dict[str, Any]]) -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:
+        row = await conn.fetchrow(
+            "SELECT s.n_live_tup AS live, s.n_dead_tup AS dead, s.autovacuum_count AS autovacuums,"
+            " pg_relation_size('jobs') / 1048576.0 AS table_mib,"
+            " pg_relation_size('idx_jobs_pickable') / 1048576.0 AS pickable_index_mib,"
+            " (SELECT count(*) FROM jobs WHERE status IN ('pending', 'retrying')) AS backlog"
+            " FROM pg_stat_user_tables AS s WHERE s.relid = 'jobs'::regclass")
+        resident = rss.rss_bytes(pid)
+        into.append({"t": loop.time() - start, **dict(row),
+                     "table_mib": float(row["table_mib"]),
+                     "pickable_index_mib": float(row["pickable_index_mib"]),
+                     "rss_mib": resident / rss.MIB if resident is not None else None})
+        await asyncio.sleep(interval)
+
+
+def _soak_summary(rate: float, seconds: float, keep_seconds: float, lateness: Sequence[float],
+                  timeline: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The long run in one row: peaks over the second and the last third, so a
+    line still climbing at the end shows as a last third above the second."""
+    third = max(1, len(timeline) // 3)
+    middle, last = timeline[third:2 * third] or timeline, timeline[-third:]
+
+    def peak(points: Sequence[dict[str, Any]], key: str) -> float:
+        return max((float(p[key]) for p in points if p[key] is not None), default=0.0)
+
+    rss_values = [p["rss_mib"] for p in timeline if p["rss_mib"] is not None]
+    return {"rate": rate, "seconds": seconds, "keep_seconds": keep_seconds,
+            "jobs": round(rate * seconds), "producer_late_p99_ms": quantile(lateness, 0.99) * 1000,
+            "dead_peak_middle": peak(middle, "dead"), "dead_peak_last": peak(last, "dead"),
+            "live_peak_middle": peak(middle, "live"), "live_peak_last": peak(last, "live"),
+            "table_mib_end": peak(timeline[-1:], "table_mib"),
+            "pickable_index_mib_end": peak(timeline[-1:], "pickable_index_mib"),
+            "backlog_peak": peak(timeline, "backlog"),
+            "autovacuums": peak(timeline[-1:], "autovacuums"),
+            "rss_mib_start": rss_values[0] if rss_values else None,
+            "rss_mib_end": rss_values[-1] if rss_values else None}
 
 
 def latency_result(rate: float, seconds: float, span: float, lateness: Sequence[float],
