@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from jobqueue import db
 from jobqueue.logs import FORMATS, configure_logging
+from jobqueue.worker import DEFAULT_BATCH_SIZE
 
 logger = logging.getLogger("jobqueue.cli")
 
@@ -273,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="a module that registers handlers (repeatable)")
     s.add_argument("--concurrency", type=int, default=1, help="lanes running side by side")
-    s.add_argument("--batch-size", type=int, default=1000,
+    s.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                    help="most jobs one lane takes and commits at once")
     s.add_argument("--quick-batch", type=float, default=0.05, metavar="SECONDS",
                    help="jobs faster than this run in one-transaction batches of about this "

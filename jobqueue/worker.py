@@ -57,6 +57,8 @@ __all__ = ["ACTIVE_KEY", "LOCK_CLASS", "WORKER_LOCK_CLASS", "JobRunner", "curren
 logger = logging.getLogger(__name__)
 
 DAY = 86_400.0
+#: Most jobs a lane takes at once unless told otherwise (the CLI's default too).
+DEFAULT_BATCH_SIZE = 1000
 
 
 class _LifeOver(Exception):
@@ -94,7 +96,7 @@ class JobRunner:
         *,
         registry: HandlerRegistry = handlers,
         concurrency: int = 1,
-        batch_size: int = 1000,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         quick_batch: float = 0.05,
         shared: bool = False,
         lease: float = 5.0,

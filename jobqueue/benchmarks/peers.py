@@ -54,6 +54,7 @@ from jobqueue import db
 from jobqueue.bench import _check_name
 from jobqueue.benchmarks import rss, scenarios
 from jobqueue.testing import WorkerProcess, wait_for
+from jobqueue.worker import DEFAULT_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -347,7 +348,7 @@ def settings(setup: Mapping[str, Any]) -> str:
         mode = "shared" if setup.get("shared") else "exclusive"
         lanes = int(setup.get("concurrency", 1))
         extra = f", {lanes} lanes" if lanes > 1 else ""
-        return f"batch {setup.get('batch_size', 100)}{extra}, {procs} ({mode})"
+        return f"batch {setup.get('batch_size', DEFAULT_BATCH_SIZE)}{extra}, {procs} ({mode})"
     if system == "pgqueuer":
         return f"batch {setup.get('batch_size', 10)}, {procs}"
     if system == "procrastinate":
@@ -499,7 +500,7 @@ async def drain_setup(urls: Mapping[str, str], setup: Mapping[str, Any], *, n: i
     label = {"system": system, "settings": settings(setup)}
     if system == "jobqueue":
         row = await scenarios.drain(
-            urls["jobqueue"], n=n, batch_size=int(setup.get("batch_size", 100)),
+            urls["jobqueue"], n=n, batch_size=int(setup.get("batch_size", DEFAULT_BATCH_SIZE)),
             workers=int(setup.get("workers", 1)), shared=bool(setup.get("shared", False)),
             concurrency=int(setup.get("concurrency", 1)), memory=True)
         return {**label, **row}

@@ -45,6 +45,7 @@ from jobqueue.bench_handlers import BENCH_TABLE
 from jobqueue.benchmarks import rss
 from jobqueue.recovery import recovery_trial
 from jobqueue.testing import WorkerProcess, wait_for
+from jobqueue.worker import DEFAULT_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,8 @@ async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: boo
     return result, rss.timeline(sampler.samples, first)
 
 
-async def memory_timeline(url: str, *, n: int, batch_size: int = 1000, shared: bool = False,
+async def memory_timeline(url: str, *, n: int, batch_size: int = DEFAULT_BATCH_SIZE,
+                          shared: bool = False,
                           workers: int = 1, timeout: float = 3600.0) -> dict[str, Any]:
     """One drain of `n` jobs with the workers' resident memory sampled every
     quarter second: the summary row (`drain`'s, with the RSS figures) and the
@@ -216,7 +218,8 @@ async def _one_worker_and_producers(url: str, log_path: Path, connections: int,
         await conn.close()
 
 
-async def open_loop(url: str, *, rate: float, seconds: float, batch_size: int = 1000,
+async def open_loop(url: str, *, rate: float, seconds: float,
+                    batch_size: int = DEFAULT_BATCH_SIZE,
                     connections: int = 8, log_dir: Path | None = None) -> dict[str, Any]:
     """Arrivals at `rate` jobs/s for `seconds`, each enqueued in its own
     transaction at its scheduled time whatever the queue is doing; one idle
