@@ -40,7 +40,7 @@ from sqlalchemy import make_url
 from jobqueue import db, migrations
 from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry
-from jobqueue.worker import JobRunner
+from jobqueue.worker import DEFAULT_BATCH_SIZE, JobRunner
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ async def _fetchrow(url: str, sql: str, *args: Any) -> Any:
 
 
 async def drain_benchmark(
-    url: str, n: int, *, batch_size: int = 100, concurrency: int = 1
+    url: str, n: int, *, batch_size: int = DEFAULT_BATCH_SIZE, concurrency: int = 1
 ) -> dict[str, Any]:
     """Enqueue `n` no-op jobs, then time one burst worker draining them all.
 
@@ -442,7 +442,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int,
                         default=int(os.environ.get("JOBQUEUE_BENCH_REPEAT", DEFAULT_REPEAT)),
                         help="runs per size; the table shows their median (default %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--samples", type=int, default=200,
                         help="lone jobs for the latency measurement (default %(default)s)")

@@ -37,6 +37,20 @@ async def test_drain_modes_and_handlers(bench_url: str) -> None:
     assert shared["workers_used"] >= 1 and shared["handler"] == "write_row"
     for run in (exclusive, shared):
         assert run["jobs_per_sec"] > 0 and run["seconds"] > 0
+        assert run["wal_mib"] > 0 and run["checkpoints"] >= 0 and run["full_page_images"] >= 0
+
+
+def test_the_report_names_a_checkpoint_only_the_biggest_drain_spans() -> None:
+    import pandas as pd
+
+    from jobqueue.benchmarks.report import _checkpoint_sentence
+
+    sizes = pd.DataFrame({"n": [10_000, 1_000_000], "wal_mib": [6.0, 700.0],
+                          "full_page_images": [7, 15_690], "checkpoints": [0, 1]})
+    sentence = _checkpoint_sentence(sizes, 1_000_000)
+    assert "1,000,000 jobs writes 700 MiB" in sentence and "15,690 full-page images" in sentence
+    assert _checkpoint_sentence(sizes.assign(checkpoints=[1, 1]), 1_000_000) == ""
+    assert _checkpoint_sentence(sizes.drop(columns="checkpoints"), 1_000_000) == ""
 
 
 async def test_open_loop_keeps_its_schedule(bench_url: str) -> None:

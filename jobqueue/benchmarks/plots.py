@@ -72,9 +72,15 @@ def throughput_plot(df: pd.DataFrame) -> plt.Figure:
 
 def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
     s = spread(df, ["n"], "jobs_per_sec")
-    dead = df.groupby("n")["dead_tuples"].median().reset_index(drop=True)
-    return pd.DataFrame({"jobs in table": s["n"], f"{RATE} (min–max)": s.apply(_range, axis=1),
-                         "dead tuples after": dead, "runs": s["runs"]})
+    medians = df.groupby("n").median(numeric_only=True).reset_index(drop=True)
+    table = pd.DataFrame({"jobs in table": s["n"], f"{RATE} (min–max)": s.apply(_range, axis=1),
+                          "dead tuples after": medians["dead_tuples"]})
+    if "wal_mib" in medians:  # results written before these columns existed lack them
+        table["WAL MiB"] = medians["wal_mib"].round(0)
+        table["full-page images"] = medians["full_page_images"]
+        table["checkpoints"] = medians["checkpoints"]
+    table["runs"] = s["runs"]
+    return table
 
 
 def table_size_plot(df: pd.DataFrame) -> plt.Figure:

@@ -75,13 +75,17 @@ def _throughput(results: Path) -> str:
         first = base_rows.iloc[0] if len(base_rows) else ss.iloc[0]
         last = ss.iloc[-1]
         change = (last["median"] / first["median"] - 1) * 100
+        before_last = ss.iloc[-2] if len(ss) > 2 else first
         lines += [
             "", "### Does cost grow with the table?", "",
             plots.markdown(plots.table_size_table(sdf)), "",
             _figure(plots.table_size_plot(sdf), "table_size", results), "",
             f"From {int(first['n']):,} to {int(last['n']):,} jobs in the table, throughput "
-            f"changes by {change:+.0f} %. The claim reads the partial index of pickable jobs, "
-            "so its cost does not depend on finished rows;",
+            f"changes by {change:+.0f} % (from {int(before_last['n']):,}: "
+            f"{(last['median'] / before_last['median'] - 1) * 100:+.0f} %). "
+            + _checkpoint_sentence(sdf, int(last["n"]))
+            + "The claim reads the partial index of pickable jobs, so its cost does not depend "
+            "on finished rows;",
             "each drained job leaves a dead row version behind (two if its batch was claimed "
             "rather than quick) that autovacuum must clean, which is what the last column "
             "counts.",
@@ -99,6 +103,21 @@ def _throughput(results: Path) -> str:
             "as lanes × 100 jobs/s: concurrency, not batching, is the knob for them.",
         ]
     return "\n".join(lines)
+
+
+def _checkpoint_sentence(sdf: pd.DataFrame, n: int) -> str:
+    """What the biggest drain costs the server that the smaller ones do not."""
+    if "checkpoints" not in sdf:
+        return ""
+    big = sdf[sdf["n"] == n]
+    smaller = sdf[sdf["n"] < n]
+    if big["checkpoints"].median() < 1 or smaller["checkpoints"].max() > 0:
+        return ""
+    images = big["full_page_images"].median()
+    return (f"Draining {n:,} jobs writes {big['wal_mib'].median():,.0f} MiB of WAL (median), "
+            "more than `max_wal_size` (1 GB by default) lets pass between checkpoints: a "
+            f"checkpoint falls inside it, and the pages touched after it are logged whole "
+            f"({images:,.0f} full-page images); no smaller drain spans a checkpoint. ")
 
 
 def _soak(results: Path) -> list[str]:

@@ -114,6 +114,15 @@ def _worker_args(batch_size: int, shared: bool, concurrency: int, *extra: str) -
     return args + (["--shared"] if shared else [])
 
 
+#: What a drain costs the server beyond CPU: WAL written, full-page images
+#: (a page's first change after a checkpoint is logged whole) and checkpoints,
+#: server-wide (pg_stat_wal, pg_stat_bgwriter; nothing else runs meanwhile).
+_WAL = ("SELECT w.wal_bytes / 1048576.0 AS wal_mib, w.wal_fpi AS full_page_images,"
+        " b.checkpoints_timed + b.checkpoints_req AS checkpoints"
+        " FROM pg_stat_wal AS w, pg_stat_bgwriter AS b")
+_WAL_COLUMNS = ("wal_mib", "full_page_images", "checkpoints")
+
+
 async def drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool,
                 handler: str = "noop", concurrency: int = 1, timeout: float = 900.0,
                 log_dir: Path | None = None, memory: bool = False) -> dict[str, Any]:
@@ -139,6 +148,7 @@ async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: boo
         await _reset(conn)
         await fill(conn, n, handler)
         args = _worker_args(batch_size, shared, concurrency, "--burst")
+        wal_before = await conn.fetchrow(_WAL)
         procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *args) for i in range(workers)]
         if memory:
             sampler = rss.RssSampler(p.pid for p in procs)
@@ -156,6 +166,7 @@ async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: boo
             " count(DISTINCT worker_id) AS workers_used FROM jobs")
         stats = await conn.fetchrow(
             "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = 'jobs'")
+        wal_after = await conn.fetchrow(_WAL)
     finally:
         await sampler.stop()
         for p in procs:
@@ -167,7 +178,9 @@ async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: boo
     result = {"n": n, "batch_size": batch_size, "workers": workers,
               "mode": "shared" if shared else "exclusive", "handler": handler,
               "concurrency": concurrency, "seconds": seconds, "jobs_per_sec": n / seconds,
-              "workers_used": row["workers_used"], "dead_tuples": stats["n_dead_tup"]}
+              "workers_used": row["workers_used"], "dead_tuples": stats["n_dead_tup"],
+              **{key: wal_after[key] - wal_before[key] for key in _WAL_COLUMNS}}
+    result["wal_mib"] = float(result["wal_mib"])
     if not memory:
         return result, []
     first, last = float(row["first"]), float(row["last"])
