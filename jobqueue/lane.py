@@ -334,18 +334,18 @@ class Lane:
                            extra={"event": "batch_split", "jobs": len(jobs),
                                   "worker_id": self.runner.worker_id, "error": one_line(exc)})
             for job in jobs:
-                tx = await self._begin_for(job, held)
-                if tx is not None:
-                    await self._run_batch(conn, session, tx, [job], held)
+                again = await self._begin_for(job, held)
+                if again is not None:
+                    await self._run_batch(conn, session, again[0], [again[1]], held)
             return
-        [job] = jobs
+        again = await self._begin_for(jobs[0], held)
+        if again is None:
+            return
+        tx, job = again
         out = Outcomes()
         retry = job.retry_count < job.max_retries
         delay = self.runner.retry_policy.delay(job.attempt) if retry else 0.0
         out.failure(job.id, error_text(exc), retry=retry, delay=delay)
-        tx = await self._begin_for(job, held)
-        if tx is None:
-            return
         try:
             await self._record(out, held)
             await tx.commit()
@@ -360,22 +360,24 @@ class Lane:
                               "worker_id": self.runner.worker_id, "retry": retry,
                               "error": error_text(exc)})
 
-    async def _begin_for(self, job: ClaimedJob, held: bool) -> Any:
-        """A transaction for one job of a rolled-back batch. A claimed job is
-        still this worker's; a taken one was released by the rollback and is
-        locked again, unless another worker has it by now (then None)."""
+    async def _begin_for(self, job: ClaimedJob, held: bool) -> tuple[Any, ClaimedJob] | None:
+        """A transaction for one job of a rolled-back batch, and the job as it
+        stands. A claimed job is still this worker's; a taken one was released
+        by the rollback and is locked again, as it is now (another worker may
+        have tried it meanwhile), unless another worker has it (then None)."""
         tx = self.raw.transaction()
         await tx.start()
-        if held:
-            try:
-                rows = await queries["retake"].fetch(self.raw, ids=[job.id])
-            except BaseException:
-                await _rollback(tx)
-                raise
-            if not rows:
-                await tx.rollback()
-                return None
-        return tx
+        if not held:
+            return tx, job
+        try:
+            rows = await queries["retake"].fetch(self.raw, ids=[job.id])
+        except BaseException:
+            await _rollback(tx)
+            raise
+        if not rows:
+            await tx.rollback()
+            return None
+        return tx, ClaimedJob._make(rows[0])
 
     async def _run_one(self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob,
                        out: Outcomes, info: dict[Any, Any], session_info: dict[Any, Any]
