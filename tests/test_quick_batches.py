@@ -67,7 +67,9 @@ async def test_quick_batches_last_about_quick_batch(
     await enqueue_looks(engine, 300)
     report = await drain(db_url, registry=status_recorder(seen, sleep=0.01), quick_batch=0.5)
     assert report["processed"] == 300
-    assert 300 / 50 <= report["batches"] - 1 <= 300 / 25  # the first job alone, claimed
+    # The first job alone, claimed; then batches of about 50 (a loaded machine's
+    # slower jobs make them smaller, never larger).
+    assert 300 / 50 <= report["batches"] - 1 <= 300 / 15
     assert seen.count("processing") == 1
 
 
