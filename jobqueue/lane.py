@@ -286,7 +286,11 @@ class Lane:
                 info, session_info = conn.info, session.info
                 started, ran = time.perf_counter(), 0
                 for job in jobs:
-                    if runner.stopping:
+                    # A quick batch that outruns quick_batch (slow jobs after fast
+                    # ones) stops early: its untouched jobs are released at the
+                    # commit, and the lane's pace now says to claim them.
+                    if runner.stopping or (held and ran and time.perf_counter() - started
+                                           > runner.quick_batch):
                         outcomes.not_started = [job.id for job in jobs[ran:]]
                         break
                     await self._run_one(conn, session, job, outcomes, info, session_info)

@@ -102,8 +102,10 @@ class Upkeep:
             pruned = 0
             now = asyncio.get_running_loop().time()
             if self.leader and now - self.last_prune >= PRUNE_EVERY:
+                self.last_prune = now  # a pass that fails waits its minute too
                 pruned = await prune(self.conn, runner.keep_completed, runner.keep_failed)
-                self.last_prune = now if pruned < PRUNE_SLICE else now - PRUNE_EVERY
+                if pruned >= PRUNE_SLICE:
+                    self.last_prune = now - PRUNE_EVERY
         if rescued:
             runner.stats.rescued += rescued
             logger.warning("returned %d job(s) of dead workers to the queue", rescued)

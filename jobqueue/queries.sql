@@ -56,11 +56,13 @@ LIMIT :limit
 FOR UPDATE SKIP LOCKED;
 
 -- retake --
--- Lock given jobs again, if still waiting (a quick batch that could not
--- commit is rerun one job per transaction).
+-- Lock given jobs again, if still waiting and due (a quick batch that could
+-- not commit is rerun one job per transaction; meanwhile another worker may
+-- have tried one and scheduled its retry for later).
 SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries
 FROM jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
+  AND run_at <= now()
 FOR UPDATE SKIP LOCKED;
 
 -- complete --

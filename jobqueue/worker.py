@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -112,8 +113,8 @@ class JobRunner:
             raise ValueError("concurrency must be at least 1")
         if batch_size < 1:
             raise ValueError("batch size must be at least 1")
-        if quick_batch < 0:
-            raise ValueError("quick batch must not be negative")
+        if not 0 <= quick_batch < math.inf:
+            raise ValueError("quick batch must be a finite number of seconds, 0 or more")
         if poll_interval <= 0:
             raise ValueError("poll interval must be positive")
         if grace_period < 0:

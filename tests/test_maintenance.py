@@ -49,3 +49,24 @@ async def test_a_full_slice_prunes_again_next_tick_instead_of_a_minute_later(
     pruned = [(await upkeep.run_once())["pruned"] for _ in range(4)]
     assert pruned == [2, 2, 1, 0]  # the last pass was not full: the next waits PRUNE_EVERY
     assert await by_status(conn) == {}
+
+
+async def test_a_failing_prune_waits_its_minute_like_any_other(
+    conn: asyncpg.Connection, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = 0
+
+    async def broken(*args: object) -> int:
+        nonlocal calls
+        calls += 1
+        raise asyncpg.QueryCanceledError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(maintenance, "prune", broken)
+    runner = JobRunner(db_url, install_signal_handlers=False)
+    runner.worker_id = 4243
+    await queries["register_worker"].fetch(conn, id=runner.worker_id, name="test",
+                                           mode="exclusive")
+    upkeep = maintenance.Upkeep(runner, conn, leader=True)
+    with pytest.raises(asyncpg.QueryCanceledError):
+        await upkeep.run_once()
+    assert (await upkeep.run_once())["pruned"] == 0 and calls == 1  # not again this minute

@@ -95,9 +95,30 @@ async def test_slow_jobs_are_claimed_one_at_a_time_and_show_processing(
     assert report["batches"] == 6
 
 
-async def test_quick_batch_must_not_be_negative(db_url: str) -> None:
+@pytest.mark.parametrize("seconds", [-1, float("inf"), float("nan")])
+async def test_quick_batch_must_be_finite_and_not_negative(db_url: str, seconds: float) -> None:
     with pytest.raises(ValueError, match="quick batch"):
-        JobRunner(db_url, quick_batch=-1)
+        JobRunner(db_url, quick_batch=seconds)
+
+
+async def test_slow_jobs_after_fast_ones_end_the_quick_batch_early(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    """The lane's first job is fast, so it takes the next ten in a quick batch;
+    they take 0.2 s each: the batch stops after the first and the rest are
+    claimed one at a time, shown `processing`."""
+    seen: list[str] = []
+    registry = status_recorder(seen)
+    registry.add("slow_look", status_recorder(seen, sleep=0.2).get("look"))  # type: ignore[arg-type]
+
+    async with engine.begin() as s:
+        await enqueue(s, "look", {})
+    async with engine.begin() as s:
+        await enqueue_many(s, "slow_look", [{} for _ in range(10)])
+    report = await drain(db_url, registry=registry)
+    assert report["processed"] == 11
+    assert seen[:2] == ["processing", "pending"]  # claimed to learn; then a quick batch
+    assert seen[2:] == ["processing"] * 9  # that batch stopped after one slow job
 
 
 async def test_a_quick_batch_that_cannot_commit_is_rerun_job_by_job(
