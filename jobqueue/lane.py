@@ -238,24 +238,34 @@ class Lane:
         """Take and run one batch; False when nothing was due."""
         raw, runner = self.raw, self.runner
         held, limit = self.plan()
-        tx = raw.transaction()
         if held:
-            await tx.start()
-            try:
-                rows = await queries["take"].fetch(raw, limit=limit)
-            except BaseException:
-                await _rollback(tx)
-                raise
-            if not rows:
-                await tx.rollback()
+            taken = await self._lock("take", limit=limit)
+            if taken is None:
                 return False
+            tx, rows = taken
         else:
             rows = await queries["claim"].fetch(raw, limit=limit, worker_id=runner.worker_id)
             if not rows:
                 return False
+            tx = raw.transaction()
             await tx.start()
         await self._run_batch(conn, session, tx, list(map(ClaimedJob._make, rows)), held)
         return True
+
+    async def _lock(self, query: str, **values: Any) -> tuple[Any, list[Any]] | None:
+        """Begin a transaction and lock jobs in it with `query` (take, retake);
+        None, the transaction rolled back, when there were none."""
+        tx = self.raw.transaction()
+        await tx.start()
+        try:
+            rows = await queries[query].fetch(self.raw, **values)
+        except BaseException:
+            await _rollback(tx)
+            raise
+        if not rows:
+            await tx.rollback()
+            return None
+        return tx, rows
 
     def _pace(self, seconds: float, jobs: int) -> None:
         """Fold a batch's run time into the lane's estimate of a job's."""
@@ -369,19 +379,15 @@ class Lane:
         stands. A claimed job is still this worker's; a taken one was released
         by the rollback and is locked again, as it is now (another worker may
         have tried it meanwhile), unless another worker has it (then None)."""
-        tx = self.raw.transaction()
-        await tx.start()
         if not held:
+            tx = self.raw.transaction()
+            await tx.start()
             return tx, job
-        try:
-            rows = await queries["retake"].fetch(self.raw, ids=[job.id])
-        except BaseException:
-            await _rollback(tx)
-            raise
-        if not rows:
-            await tx.rollback()
+        retaken = await self._lock("retake", ids=[job.id])
+        if retaken is None:
             return None
-        return tx, ClaimedJob._make(rows[0])
+        tx, [row] = retaken
+        return tx, ClaimedJob._make(row)
 
     async def _run_one(self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob,
                        out: Outcomes, info: dict[Any, Any], session_info: dict[Any, Any]
@@ -400,18 +406,17 @@ class Lane:
             return
         started = time.perf_counter()
         token = _current_job.set(job)
-        if info:
-            info.pop(DB_ERROR, None)
+        info.pop(DB_ERROR, None)
         try:
             session_info[IN_HANDLER] = True
             try:
                 result = await handler(session, json.loads(job.payload))
             finally:
                 session_info[IN_HANDLER] = False
-            if info and info.pop(DB_ERROR, False):
+            if info.pop(DB_ERROR, False):
                 raise SwallowedDatabaseError(
                     "the handler caught a database error and went on; its writes are void")
-            encoded = None if result is None else encode_result(result)
+            encoded = encode_result(result)
             if session.in_transaction():
                 await session.commit()  # releases the handler's savepoint
         except Exception as exc:

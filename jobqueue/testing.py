@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import signal
@@ -92,6 +93,20 @@ class WorkerProcess:
     async def wait(self, timeout: float = 30.0) -> int:
         """The exit code, once the process has ended."""
         return await asyncio.to_thread(self.proc.wait, timeout)
+
+    async def finish(self, timeout: float) -> None:
+        """Wait for a process that ends by itself (burst, drain); RuntimeError
+        with the tail of its log unless it exits 0."""
+        code = await self.wait(timeout)
+        if code != 0:
+            raise RuntimeError(f"worker exited with {code}: {self.log()[-2000:]}")
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, a graceful exit within `timeout`, then `close()` whatever happened."""
+        self.signal(signal.SIGTERM)
+        with contextlib.suppress(Exception):
+            await self.wait(timeout)
+        self.close()
 
     def close(self) -> None:
         """Make sure the process is gone (SIGCONT first, in case it was stopped)."""

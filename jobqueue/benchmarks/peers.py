@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-import signal
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -386,9 +385,7 @@ async def _drain(system: str, url: str, *, n: int, workers: int, batch_size: int
     try:
         async with rss.RssSampler(p.pid for p in procs) as sampler:
             for p in procs:
-                code = await p.wait(timeout)
-                if code != 0:
-                    raise RuntimeError(f"{system} worker exited with {code}: {p.log()[-2000:]}")
+                await p.finish(timeout)
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
             row = await conn.fetchrow(peer.drain_sql)
@@ -452,10 +449,7 @@ async def open_loop(system: str, url: str, *, rate: float, seconds: float,
                        timeout=seconds + 120, interval=0.05, message="every job completed")
         rows = await conn.fetch(peer.latency_sql, warm_id)
     finally:
-        worker.signal(signal.SIGTERM)
-        with contextlib.suppress(Exception):
-            await worker.wait(30)
-        worker.close()
+        await worker.stop()
         await conn.close()
     enqueued = sorted(float(r["enqueued"]) for r in rows)
     span = enqueued[-1] - enqueued[0] if len(enqueued) > 1 else 0.0
@@ -474,12 +468,6 @@ async def _completed(conn: asyncpg.Connection, peer: _Peer, after_id: int, count
 
 
 # -- the comparison: setups run one after another, repeated --------------------------
-
-
-def _progress(total: int, desc: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, leave=False)
 
 
 def _runnable(setups: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -520,7 +508,7 @@ async def drain_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str
     rather than one system's runs."""
     setups = _runnable(setups)
     rows = []
-    with _progress(len(setups) * repeat, "drain") as bar:
+    with scenarios.progress(len(setups) * repeat, "drain") as bar:
         for run in range(1, repeat + 1):
             for setup in setups:
                 rows.append({**await drain_setup(urls, setup, n=n), "run": run})
@@ -535,7 +523,7 @@ async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[s
     job's latencies (ms)."""
     setups = _runnable(setups)
     summaries, samples = [], []
-    with _progress(len(setups) * len(rates) * repeat, "latency") as bar:
+    with scenarios.progress(len(setups) * len(rates) * repeat, "latency") as bar:
         for run in range(1, repeat + 1):
             for rate in rates:
                 for setup in setups:
@@ -568,7 +556,7 @@ async def memory_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[st
     summaries, and the timelines."""
     setups = _runnable(setups)
     summaries, timelines = [], []
-    with _progress(len(setups), "memory") as bar:
+    with scenarios.progress(len(setups), "memory") as bar:
         for setup in setups:
             system, n = setup["system"], int(setup["n"])
             if system == "jobqueue":

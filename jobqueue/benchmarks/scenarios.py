@@ -154,9 +154,7 @@ async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: boo
             sampler = rss.RssSampler(p.pid for p in procs)
             sampler.start()
         for p in procs:
-            code = await p.wait(timeout)
-            if code != 0:
-                raise RuntimeError(f"worker exited with {code}: {p.log()[-2000:]}")
+            await p.finish(timeout)
         await sampler.stop()
         row = await conn.fetchrow(
             "SELECT count(*) FILTER (WHERE status = 'completed') AS completed, count(*) AS total,"
@@ -223,10 +221,7 @@ async def _one_worker_and_producers(url: str, log_path: Path, connections: int,
         yield conn, pool, worker
     finally:
         if worker is not None:
-            worker.signal(signal.SIGTERM)
-            with contextlib.suppress(Exception):
-                await worker.wait(30)
-            worker.close()
+            await worker.stop()
         await pool.close()
         await conn.close()
 
@@ -402,7 +397,8 @@ def spread(values: Sequence[float]) -> dict[str, float]:
 # -- series of runs, with progress bars ------------------------------------------
 
 
-def _progress(total: int, desc: str) -> Any:
+def progress(total: int, desc: str) -> Any:
+    """A progress bar for a series of runs (tqdm, notebook-aware)."""
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, leave=False)
@@ -413,7 +409,7 @@ async def drain_matrix(url: str, *, n: int, batch_sizes: Sequence[int],
                        handler: str = "noop") -> list[dict[str, Any]]:
     """Every batch size × worker count × mode, `repeat` times each."""
     rows = []
-    with _progress(len(batch_sizes) * len(workers) * len(modes) * repeat, "drain") as bar:
+    with progress(len(batch_sizes) * len(workers) * len(modes) * repeat, "drain") as bar:
         for batch_size in batch_sizes:
             for count in workers:
                 for mode in modes:
@@ -449,7 +445,7 @@ async def drain_sizes(url: str, *, sizes: Sequence[int], batch_size: int, repeat
                       ) -> list[dict[str, Any]]:
     """One worker draining tables of growing size: does cost grow with N?"""
     rows = []
-    with _progress(len(sizes) * repeat, "table sizes") as bar:
+    with progress(len(sizes) * repeat, "table sizes") as bar:
         for n in sizes:
             for run in range(1, repeat + 1):
                 row = await drain(url, n=n, batch_size=batch_size, workers=1, shared=False)
@@ -462,7 +458,7 @@ async def latency_series(url: str, *, rates: Sequence[float], seconds: float, re
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Open-loop runs at each rate: summaries, and every job's latencies."""
     summaries, samples = [], []
-    with _progress(len(rates) * repeat, "latency") as bar:
+    with progress(len(rates) * repeat, "latency") as bar:
         for rate in rates:
             for run in range(1, repeat + 1):
                 result = await open_loop(url, rate=rate, seconds=seconds)
@@ -479,7 +475,7 @@ async def recovery_series(url: str, *, signals: Sequence[str], trials: int, leas
                           jobs: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Repeated recovery trials: times, and the timeline of each trial."""
     times, timelines = [], []
-    with _progress(len(signals) * trials, "recovery") as bar:
+    with progress(len(signals) * trials, "recovery") as bar:
         for name in signals:
             for trial in range(1, trials + 1):
                 result = await recovery(url, getattr(signal, name), lease=lease, jobs=jobs)
