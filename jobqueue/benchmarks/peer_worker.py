@@ -2,6 +2,7 @@
 
     python -P jobqueue/benchmarks/peer_worker.py pgqueuer --batch-size 10 [--drain]
     python -P jobqueue/benchmarks/peer_worker.py procrastinate --concurrency 10 [--drain]
+    … [--handler write_row]
 
 `jobqueue.benchmarks.peers` starts it by path, never as
 `-m jobqueue.benchmarks.peer_worker`: importing the jobqueue package would load
@@ -11,18 +12,29 @@ own folder off `sys.path`. The database comes from the libpq environment
 variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE), which asyncpg and
 psycopg both read.
 
-Each peer runs the way its documentation shows, with one no-op job type:
+Each peer runs the way its documentation shows, with two job types: `noop`,
+and `write_row`, which inserts one row into `bench_rows` (the job's id) the
+way that peer's documentation has a task reach the database:
 
 - PgQueuer: `pgqueuer.run(factory, batch_size=…, mode=…)`, the documented way
   to start from Python what `pgq run` starts (the `pgq` command itself crashes
   under typer 0.29 here). The factory yields
   `PgQueuer.from_asyncpg_connection(conn)` on a dedicated asyncpg connection,
   as its performance guide advises for the worker. `--drain` is its own
-  `QueueExecutionMode.drain`: exit once the queue is empty.
+  `QueueExecutionMode.drain`: exit once the queue is empty. `write_row`
+  writes through an asyncpg pool (asyncpg's default size, 10) handed to the
+  jobs as a shared resource (`PgQueuer(..., resources=...)`, the job's
+  `Context`), as its docs advise for pools and clients.
 - Procrastinate: `App(connector=PsycopgConnector(…))` with an async task,
   `app.run_worker_async(concurrency=N, wait=not drain)`. The pool holds
   concurrency + 1 connections: its docs say that with short jobs the pool
   should hold as many connections as the concurrency, plus one.
+  `write_row` (`pass_context=True`) writes through the app's connector,
+  `context.app.connector.execute_query_async`, on that same pool.
+
+Neither peer can put a task's write in the transaction that records the
+job's completion: each write commits on its own, before the job is marked
+done (a crash in between runs the task, and its write, again).
 
 Both stop cleanly on SIGTERM (their own signal handlers).
 """
@@ -37,27 +49,39 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 NOOP = "noop"
+WRITE_ROW = "write_row"
+HANDLERS = (NOOP, WRITE_ROW)
+#: The table `write_row` fills in each peer's database (their job ids are bigints).
+PEER_BENCH_TABLE = """CREATE TABLE IF NOT EXISTS bench_rows (
+    job_id bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())"""
 
 
 async def run_pgqueuer(batch_size: int, drain: bool) -> None:
     import asyncpg
     import pgqueuer
     from pgqueuer import PgQueuer
-    from pgqueuer.models import Job
+    from pgqueuer.models import Context, Job
     from pgqueuer.types import QueueExecutionMode
 
     @contextlib.asynccontextmanager
     async def factory() -> AsyncIterator[Any]:
         conn = await asyncpg.connect()
+        pool = await asyncpg.create_pool()
         try:
-            pgq = PgQueuer.from_asyncpg_connection(conn)
+            pgq = PgQueuer.from_asyncpg_connection(conn, resources={"pool": pool})
 
             @pgq.entrypoint(NOOP)
             async def noop(job: Job) -> None:
                 return None
 
+            @pgq.entrypoint(WRITE_ROW, accepts_context=True)
+            async def write_row(job: Job, context: Context) -> None:
+                await context.resources["pool"].execute(  # type: ignore[attr-defined]
+                    "INSERT INTO bench_rows (job_id) VALUES ($1)", job.id)
+
             yield pgq
         finally:
+            await pool.close()
             await conn.close()
 
     mode = QueueExecutionMode.drain if drain else QueueExecutionMode.continuous
@@ -76,6 +100,11 @@ def procrastinate_app(concurrency: int, conninfo: str = "") -> Any:
     @app.task(name=NOOP)
     async def noop() -> None:
         return None
+
+    @app.task(name=WRITE_ROW, pass_context=True)
+    async def write_row(context: procrastinate.JobContext) -> None:
+        await context.app.connector.execute_query_async(
+            "INSERT INTO bench_rows (job_id) VALUES (%(id)s)", id=context.job.id)
 
     return app
 

@@ -52,6 +52,7 @@ import asyncpg
 from jobqueue import db
 from jobqueue.bench import _check_name
 from jobqueue.benchmarks import rss, scenarios
+from jobqueue.benchmarks.peer_worker import HANDLERS, NOOP, PEER_BENCH_TABLE, WRITE_ROW
 from jobqueue.testing import WorkerProcess, wait_for
 from jobqueue.worker import DEFAULT_BATCH_SIZE
 
@@ -60,7 +61,6 @@ logger = logging.getLogger(__name__)
 PEER_WORKER = Path(__file__).with_name("peer_worker.py")
 SYSTEMS = ("jobqueue", "pgqueuer", "procrastinate", "course design")
 PEERS = ("pgqueuer", "procrastinate")
-NOOP = "noop"
 FILL_CHUNK = 10_000
 #: What each peer package is called, for its version in the results.
 PACKAGES = {"pgqueuer": "pgqueuer", "procrastinate": "procrastinate"}
@@ -131,8 +131,8 @@ class _Peer:
     async def install(self, url: str) -> None:
         raise NotImplementedError
 
-    async def enqueue_many(self, url: str, n: int) -> None:
-        """n no-op jobs through the peer's own batch API, chunk by chunk."""
+    async def enqueue_many(self, url: str, n: int, handler: str) -> None:
+        """n jobs of type `handler` through the peer's own batch API, chunk by chunk."""
         raise NotImplementedError
 
     def enqueue_one(self, pool: asyncpg.Pool) -> Callable[[], Awaitable[Any]]:
@@ -142,12 +142,12 @@ class _Peer:
     def worker_args(self, setup: Mapping[str, Any]) -> list[str]:
         raise NotImplementedError
 
-    async def fill(self, url: str, n: int) -> None:
+    async def fill(self, url: str, n: int, handler: str) -> None:
         """`enqueue_many`, then VACUUM ANALYZE so every run starts alike."""
-        await self.enqueue_many(url, n)
+        await self.enqueue_many(url, n, handler)
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
-            for table in self.vacuum:
+            for table in (*self.vacuum, "bench_rows"):
                 await conn.execute(f"VACUUM ANALYZE {table}")
         finally:
             await conn.close()
@@ -171,7 +171,7 @@ class _PgQueuer(_Peer):
     guide says to run after installing)."""
 
     system = "pgqueuer"
-    truncate = "TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics"
+    truncate = "TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics, bench_rows"
     vacuum = ("pgqueuer", "pgqueuer_log")
     drain_sql = """
         SELECT count(*) FILTER (WHERE status = 'successful') AS completed,
@@ -193,10 +193,11 @@ class _PgQueuer(_Peer):
             queries = Queries.from_asyncpg_connection(conn)
             await queries.install()
             await queries.optimize_autovacuum()
+            await conn.execute(PEER_BENCH_TABLE)
         finally:
             await conn.close()
 
-    async def enqueue_many(self, url: str, n: int) -> None:
+    async def enqueue_many(self, url: str, n: int, handler: str) -> None:
         """`Queries.enqueue` with lists (one statement per chunk), so the queue
         and its log hold exactly what its producers would write."""
         from pgqueuer import Queries
@@ -206,7 +207,7 @@ class _PgQueuer(_Peer):
             queries = Queries.from_asyncpg_connection(conn)
             for start in range(0, n, FILL_CHUNK):
                 count = min(FILL_CHUNK, n - start)
-                await queries.enqueue([NOOP] * count, [None] * count, [0] * count)
+                await queries.enqueue([handler] * count, [None] * count, [0] * count)
         finally:
             await conn.close()
 
@@ -229,7 +230,7 @@ class _Procrastinate(_Peer):
 
     system = "procrastinate"
     truncate = ("TRUNCATE procrastinate_jobs, procrastinate_events, "
-                "procrastinate_periodic_defers, procrastinate_workers")
+                "procrastinate_periodic_defers, procrastinate_workers, bench_rows")
     vacuum = ("procrastinate_jobs", "procrastinate_events")
     drain_sql = """
         SELECT count(*) FILTER (WHERE status = 'succeeded') AS completed,
@@ -259,11 +260,16 @@ class _Procrastinate(_Peer):
     async def install(self, url: str) -> None:
         async with self._app(url, 2) as app:
             await app.schema_manager.apply_schema_async()
+        conn = await db.connect(url, application_name="jobqueue bench")
+        try:
+            await conn.execute(PEER_BENCH_TABLE)
+        finally:
+            await conn.close()
 
-    async def enqueue_many(self, url: str, n: int) -> None:
+    async def enqueue_many(self, url: str, n: int, handler: str) -> None:
         """`Task.batch_defer_async` (one statement per chunk)."""
         async with self._app(url, 2) as app:
-            task = app.tasks[NOOP]
+            task = app.tasks[handler]
             for start in range(0, n, FILL_CHUNK):
                 await task.batch_defer_async(*([{}] * min(FILL_CHUNK, n - start)))
 
@@ -325,12 +331,19 @@ async def _reset(url: str, peer: _Peer) -> None:
         await conn.close()
 
 
-async def fill(system: str, url: str, n: int) -> None:
-    """Empty the peer's tables, then queue n no-op jobs through its own batch
-    API and VACUUM ANALYZE, so every run starts from the same state."""
+async def fill(system: str, url: str, n: int, handler: str = NOOP) -> None:
+    """Empty the peer's tables, then queue n jobs of type `handler` (`noop`,
+    `write_row`) through its own batch API and VACUUM ANALYZE, so every run
+    starts from the same state."""
+    if handler not in HANDLERS:
+        raise ValueError(f"unknown peer handler {handler!r}; one of {HANDLERS}")
     peer = _peer(system)
     await _reset(url, peer)
-    await peer.fill(url, n)
+    await peer.fill(url, n, handler)
+
+
+#: Rows `write_row` wrote, and for how many distinct jobs.
+_WRITTEN = "SELECT count(*) AS rows, count(DISTINCT job_id) AS jobs FROM bench_rows"
 
 
 def _process(url: str, system: str, log: Path, *args: str) -> WorkerProcess:
@@ -361,25 +374,27 @@ def settings(setup: Mapping[str, Any]) -> str:
 
 
 async def drain(system: str, url: str, *, n: int, workers: int = 1, batch_size: int = 10,
-                concurrency: int = 1, timeout: float = 900.0, log_dir: Path | None = None
-                ) -> dict[str, Any]:
-    """One drain of a peer: fill n jobs, start `workers` worker processes in
-    the peer's drain mode, wait for them to exit; throughput from the first
-    claim to the last completion the peer recorded, and each process's RSS.
-    Raises RuntimeError unless every job completed exactly once."""
+                concurrency: int = 1, handler: str = NOOP, timeout: float = 900.0,
+                log_dir: Path | None = None) -> dict[str, Any]:
+    """One drain of a peer: fill n jobs of type `handler`, start `workers`
+    worker processes in the peer's drain mode, wait for them to exit;
+    throughput from the first claim to the last completion the peer recorded,
+    and each process's RSS. Raises RuntimeError unless every job completed
+    exactly once (and, for `write_row`, wrote exactly one row)."""
     row, _ = await _drain(system, url, n=n, workers=workers, batch_size=batch_size,
-                          concurrency=concurrency, timeout=timeout, log_dir=log_dir)
+                          concurrency=concurrency, handler=handler, timeout=timeout,
+                          log_dir=log_dir)
     return row
 
 
 async def _drain(system: str, url: str, *, n: int, workers: int, batch_size: int,
-                 concurrency: int, timeout: float, log_dir: Path | None
+                 concurrency: int, handler: str, timeout: float, log_dir: Path | None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     peer = _peer(system)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"{system}-drain-"))
     setup = {"system": system, "workers": workers, "batch_size": batch_size,
              "concurrency": concurrency}
-    await fill(system, url, n)
+    await fill(system, url, n, handler)
     args = [*peer.worker_args(setup), "--drain"]
     procs = [_process(url, system, log_dir / f"drain-{i}.log", *args) for i in range(workers)]
     try:
@@ -389,6 +404,7 @@ async def _drain(system: str, url: str, *, n: int, workers: int, batch_size: int
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
             row = await conn.fetchrow(peer.drain_sql)
+            written = await conn.fetchrow(_WRITTEN)
         finally:
             await conn.close()
     finally:
@@ -400,12 +416,16 @@ async def _drain(system: str, url: str, *, n: int, workers: int, batch_size: int
             f"{system} lost or repeated jobs: {row['completed']} completions of "
             f"{row['distinct_completed']} distinct jobs, {row['total']} queued, "
             f"{row['left_in_queue']} left, expected {n}")
+    expected_rows = n if handler == WRITE_ROW else 0
+    if (written["rows"], written["jobs"]) != (expected_rows, expected_rows):
+        raise RuntimeError(f"{system} wrote {written['rows']} rows for {written['jobs']} "
+                           f"jobs, expected {expected_rows}")
     first, last = float(row["first"]), float(row["last"])
     seconds = last - first
     result = {"system": system, "settings": settings(setup), "n": n, "workers": workers,
               "batch_size": batch_size if system == "pgqueuer" else None,
               "concurrency": concurrency if system == "procrastinate" else None,
-              "handler": NOOP, "seconds": seconds, "jobs_per_sec": n / seconds,
+              "handler": handler, "seconds": seconds, "jobs_per_sec": n / seconds,
               **rss.summary(sampler.samples, first, last)}
     return result, rss.timeline(sampler.samples, first)
 
@@ -415,7 +435,8 @@ async def memory_timeline(system: str, url: str, *, n: int, batch_size: int = 10
     """One worker of a peer draining n jobs, its RSS sampled over time (as
     `scenarios.memory_timeline`)."""
     row, timeline = await _drain(system, url, n=n, workers=1, batch_size=batch_size,
-                                 concurrency=concurrency, timeout=timeout, log_dir=None)
+                                 concurrency=concurrency, handler=NOOP, timeout=timeout,
+                                 log_dir=None)
     return {"summary": row, "timeline": timeline}
 
 
