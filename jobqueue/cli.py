@@ -25,8 +25,9 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from jobqueue import db
+from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.logs import FORMATS, configure_logging
-from jobqueue.worker import DEFAULT_BATCH_SIZE
+from jobqueue.worker import DEFAULT_BATCH_SIZE, SAVEPOINT_MODES
 
 logger = logging.getLogger("jobqueue.cli")
 
@@ -110,6 +111,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             batch_size=args.batch_size,
             quick_batch=args.quick_batch,
+            savepoints=args.savepoints,
             shared=args.shared,
             lease=args.lease,
             keep_completed=args.keep_completed_days * 86_400,
@@ -117,12 +119,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
             poll_interval=args.poll_interval,
             grace_period=args.grace_period,
             burst=args.burst,
+            summary_interval=args.summary_interval,
             retry_policy=RetryPolicy(base=args.backoff_base, cap=args.backoff_cap,
                                      jitter=args.backoff_jitter),
         )
     except ValueError as e:
         raise CliError(str(e)) from None
-    report = asyncio.run(runner.run())
+    try:
+        factory = loop_factory(args.loop)
+    except ImportError:
+        raise CliError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
+    with asyncio.Runner(loop_factory=factory) as loop:
+        report = loop.run(runner.run())
     if args.json:
         print(json.dumps(report))
     return 0
@@ -280,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="jobs faster than this run in one-transaction batches of about this "
                         "length (never shown processing); slower ones are claimed one at a "
                         "time; 0: every batch claims first")
+    s.add_argument("--savepoints", choices=SAVEPOINT_MODES, default="auto",
+                   help="auto: a job type runs without a savepoint until one of its jobs fails "
+                        "after writing (its batch then reruns, once); always: every job that "
+                        "touches the database in a savepoint of its own")
     s.add_argument("--shared", action="store_true",
                    help="work alongside other workers instead of one active and standbys")
     s.add_argument("--lease", type=float, default=5.0,
@@ -297,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backoff-jitter", type=float, default=0.1,
                    help="random share taken off each delay (0 to 1)")
     s.add_argument("--burst", action="store_true", help="stop once nothing is due")
+    s.add_argument("--summary-interval", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds between INFO lines summing up what the worker did (counts, "
+                        "rate, latency); 0: none. Each job's own line is at DEBUG")
+    s.add_argument("--loop", choices=LOOPS, default="auto",
+                   help="event loop: uvloop when installed (auto), or the standard one")
     s.add_argument("--json", action="store_true", help="print the final report as JSON")
     s.set_defaults(func=cmd_worker)
 

@@ -2,8 +2,9 @@
 
 A batch is one transaction and one commit, whatever its size; each handler's
 session opens a savepoint on its first statement only, so a handler that
-never touches the database costs no round trip. One `complete` and one
-`fail` statement record every outcome.
+never touches the database costs no round trip (`handler_session.py`). One
+`complete` and one `fail` statement record every outcome. A batch ends before
+it would open more savepoints than PostgreSQL caches per transaction (64).
 
 Two ways to take a batch, chosen per batch from how long the lane's recent
 jobs took (`Lane.plan`):
@@ -42,6 +43,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from jobqueue.enqueue import check_strings
 from jobqueue.errors import is_connection_error, one_line
+from jobqueue.handler_session import (
+    DB_ERROR,
+    IN_HANDLER,
+    SAVEPOINT_LIMIT,
+    SAVEPOINTS,
+    SwallowedDatabaseError,
+    end_job,
+    refuse_handler_commit,
+    roll_back_job,
+    start_job,
+    start_transaction,
+    touched,
+    undo_impossible,
+)
 from jobqueue.models import ERROR_MESSAGE_MAX_LENGTH
 from jobqueue.queries import queries
 
@@ -85,37 +100,15 @@ class LostOwnership(Exception):
     """Another worker took jobs of this batch: none of its effects may commit."""
 
 
-class SwallowedDatabaseError(Exception):
-    """A handler caught a database error and returned as if it had succeeded.
+class _Rerun(Exception):
+    """A plain job's writes cannot be undone alone: the batch must run again,
+    isolated. `error`: the job's failed attempt (None: it succeeded but its
+    session rolled back after writing, so it runs again too)."""
 
-    PostgreSQL has aborted the handler's savepoint by then, so none of its
-    writes can commit; the job fails instead of pretending.
-    """
-
-
-#: Key in a lane connection's `info` dict: a statement on it failed.
-DB_ERROR = "jobqueue_db_error"
-#: Key in a lane session's `info` dict: a handler is running.
-IN_HANDLER = "jobqueue_in_handler"
-
-
-class HandlerCommitError(RuntimeError):
-    """A handler called commit() on its session. Its writes must commit with
-    the job's completion, or a failure after the commit would leave them
-    committed and the retry would write them again."""
-
-
-def _refuse_handler_commit(session: Any) -> None:
-    """SQLAlchemy `before_commit` hook on a lane's session."""
-    if session.info.get(IN_HANDLER):
-        raise HandlerCommitError(
-            "handlers must not commit: their writes commit with the job's completion")
-
-
-def mark_db_error(context: Any) -> None:
-    """SQLAlchemy `handle_error` hook: remember which connection saw an error."""
-    if context.connection is not None:
-        context.connection.info[DB_ERROR] = True
+    def __init__(self, error: str | None) -> None:
+        super().__init__(error)
+        self.error = error
+        self.index = 0  # the job's place in its batch
 
 
 @dataclass
@@ -178,6 +171,11 @@ class Lane:
         #: batch's own statements are left out, or a lone job's commit would
         #: count as if each job of a full batch paid it); None until a batch ran.
         self.per_job: float | None = None
+        #: Recent savepoints a job opens (0 for jobs that never touch the
+        #: database), and the most one job has opened: they size batches so
+        #: that none opens more than SAVEPOINT_LIMIT.
+        self.savepoints_per_job = 0.0
+        self.savepoint_peak = 0
 
     async def run(self) -> None:
         """Work until the worker stops. A lost connection is not reopened here:
@@ -210,20 +208,26 @@ class Lane:
         one at a time, so `processing` means running and no transaction stays
         open across many slow jobs. A lane that has not run anything yet
         claims one job to learn the pace. `quick_batch` 0: claimed batches of
-        up to `batch_size`, never quick."""
+        up to `batch_size`, never quick. Jobs that write are at most
+        SAVEPOINT_LIMIT to a batch, one savepoint each."""
         runner = self.runner
+        limit = runner.batch_size
+        if self.savepoints_per_job > 0:
+            limit = min(limit, max(1, int(SAVEPOINT_LIMIT / self.savepoints_per_job)))
         if runner.quick_batch == 0:
-            return False, runner.batch_size
+            return False, limit
         if self.per_job is None or self.per_job > runner.quick_batch:
             return False, 1
-        fits = int(runner.quick_batch / self.per_job) if self.per_job > 0 else runner.batch_size
-        return True, max(1, min(runner.batch_size, fits))
+        if self.per_job > 0:
+            limit = min(limit, int(runner.quick_batch / self.per_job))
+        return True, max(1, limit)
 
     async def _loop(self, conn: AsyncConnection) -> None:
         runner = self.runner
-        session = AsyncSession(bind=conn, join_transaction_mode="create_savepoint",
-                               expire_on_commit=False)
-        event.listen(session.sync_session, "before_commit", _refuse_handler_commit)
+        # One session for the lane's life, in one SQLAlchemy transaction that
+        # sends no SQL; each job's savepoint comes from the engine's hooks.
+        session = AsyncSession(bind=conn, expire_on_commit=False)
+        event.listen(session.sync_session, "before_commit", refuse_handler_commit)
         try:
             while not runner.stopping:
                 runner.wake.clear()
@@ -267,11 +271,23 @@ class Lane:
             return None
         return tx, rows
 
-    def _pace(self, seconds: float, jobs: int) -> None:
-        """Fold a batch's run time into the lane's estimate of a job's."""
+    def _full(self, held: bool, started: float, savepoints: int) -> bool:
+        """Must the batch stop before its next job? A quick batch that outruns
+        quick_batch (slow jobs after fast ones) stops early: its untouched jobs
+        are released at the commit, and the lane's pace now says to claim them.
+        Any batch stops before a job like the most savepoint-hungry one so far
+        could open more than SAVEPOINT_LIMIT in its transaction."""
+        if savepoints + max(1, self.savepoint_peak) > SAVEPOINT_LIMIT:
+            return True
+        return held and time.perf_counter() - started > self.runner.quick_batch
+
+    def _pace(self, seconds: float, jobs: int, savepoints: int) -> None:
+        """Fold a batch's run time and savepoints into the lane's estimates."""
         per_job = seconds / jobs
         self.per_job = per_job if self.per_job is None else (
             _PACE_WEIGHT * per_job + (1 - _PACE_WEIGHT) * self.per_job)
+        self.savepoints_per_job = (_PACE_WEIGHT * savepoints / jobs
+                                   + (1 - _PACE_WEIGHT) * self.savepoints_per_job)
 
     async def _wait_for_work(self) -> bool:
         """Sleep until a job may be due. False when a burst run is done."""
@@ -286,29 +302,23 @@ class Lane:
         return True
 
     async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, tx: Any,
-                         jobs: list[ClaimedJob], held: bool) -> None:
+                         jobs: list[ClaimedJob], held: bool, isolated: bool = False,
+                         failed: dict[uuid.UUID, str] | None = None) -> None:
         """Run a batch in the open transaction `tx`; one commit records every outcome.
-        `held`: the jobs were taken by this transaction, not claimed before it."""
+        `held`: the jobs were taken by this transaction, not claimed before it.
+        `isolated`: every job in a savepoint of its own (else only the job
+        types that need one). `failed`: jobs whose attempt already failed
+        (their error), recorded without running them again."""
         runner = self.runner
         outcomes = Outcomes()
         try:
-            async with conn.begin():  # no SQL: tells handler sessions to use savepoints
-                info, session_info = conn.info, session.info
-                started, ran = time.perf_counter(), 0
-                for job in jobs:
-                    # A quick batch that outruns quick_batch (slow jobs after fast
-                    # ones) stops early: its untouched jobs are released at the
-                    # commit, and the lane's pace now says to claim them.
-                    if runner.stopping or (held and ran and time.perf_counter() - started
-                                           > runner.quick_batch):
-                        outcomes.not_started = [job.id for job in jobs[ran:]]
-                        break
-                    await self._run_one(conn, session, job, outcomes, info, session_info)
-                    ran += 1
-                if ran:
-                    self._pace(time.perf_counter() - started, ran)
+            await self._run_jobs(conn, session, jobs, held, isolated, failed or {}, outcomes)
             latencies = await self._record(outcomes, held)
             await tx.commit()
+        except _Rerun as rerun:
+            await _rollback(tx)
+            await self._rerun_isolated(conn, session, jobs, rerun.index, held, rerun.error)
+            return
         except LostOwnership:
             await _rollback(tx)
             logger.warning("batch of %d rolled back: another worker took some of its jobs",
@@ -333,8 +343,36 @@ class Lane:
                 await runner.hand_back([job.id for job in jobs])
             raise
         runner.stats.count_batch(outcomes, latencies)
-        if outcomes.done_ids and logger.isEnabledFor(logging.INFO):
+        if outcomes.done_ids and logger.isEnabledFor(logging.DEBUG):
             self._log_completed(jobs, outcomes)  # committed: now they are done
+
+    async def _run_jobs(self, conn: AsyncConnection, session: AsyncSession,
+                        jobs: list[ClaimedJob], held: bool, isolated: bool,
+                        failed: dict[uuid.UUID, str], out: Outcomes) -> None:
+        """The batch's handlers, one after another, until done or `_full`."""
+        runner = self.runner
+        always = isolated or runner.savepoints == "always"
+        info, session_info = conn.info, session.info
+        start_transaction(info)
+        started, ran = time.perf_counter(), 0
+        for job in jobs:
+            if runner.stopping or (ran and self._full(held, started, info[SAVEPOINTS])):
+                out.not_started = [job.id for job in jobs[ran:]]
+                break
+            if job.id in failed:
+                self._fail(job, failed[job.id], out, None)
+            else:
+                opened = info[SAVEPOINTS]
+                try:
+                    await self._run_one(conn, session, job, out, info, session_info,
+                                        always or job.job_type in runner.isolated_types)
+                except _Rerun as rerun:
+                    rerun.index = ran
+                    raise
+                self.savepoint_peak = max(self.savepoint_peak, info[SAVEPOINTS] - opened)
+            ran += 1
+        if ran:
+            self._pace(time.perf_counter() - started, ran, info[SAVEPOINTS])
 
     async def _after_batch_error(self, conn: AsyncConnection, session: AsyncSession,
                                  jobs: list[ClaimedJob], held: bool, exc: Exception) -> None:
@@ -350,7 +388,8 @@ class Lane:
             for job in jobs:
                 again = await self._begin_for(job, held)
                 if again is not None:
-                    await self._run_batch(conn, session, again[0], [again[1]], held)
+                    await self._run_batch(conn, session, again[0], [again[1]], held,
+                                          isolated=True)
             return
         again = await self._begin_for(jobs[0], held)
         if again is None:
@@ -374,6 +413,43 @@ class Lane:
                               "worker_id": self.runner.worker_id, "retry": retry,
                               "error": error_text(exc)})
 
+    async def _rerun_isolated(self, conn: AsyncConnection, session: AsyncSession,
+                              jobs: list[ClaimedJob], culprit: int, held: bool,
+                              error: str | None) -> None:
+        """A plain job (`jobs[culprit]`) failed after touching the database, or
+        rolled its session back after writing: the batch has rolled back, and
+        it runs again with every job in a savepoint of its own. The jobs before
+        the culprit run a second time (their writes still commit once; what
+        they did outside the database happens twice); the culprit's failed
+        attempt is recorded as it happened; from now on its job type runs
+        isolated in this worker, so this happens once per type."""
+        runner, job = self.runner, jobs[culprit]
+        runner.isolated_types.add(job.job_type)
+        runner.stats.rerun += culprit
+        logger.warning("job %s (%s) %s after writing, in a batch run without savepoints: "
+                       "the batch rolled back and runs again, each job in a savepoint "
+                       "(%d ran before it); %s jobs run in savepoints from now on",
+                       job.id, job.job_type, "failed" if error else "rolled back",
+                       culprit, job.job_type,
+                       extra={"event": "batch_rerun", "job_id": str(job.id),
+                              "job_type": job.job_type, "jobs": len(jobs),
+                              "rerun": culprit, "worker_id": runner.worker_id})
+        failed = {job.id: error} if error is not None else {}
+        if not held:  # still ours: only the transaction is new
+            tx = self.raw.transaction()
+            await tx.start()
+            await self._run_batch(conn, session, tx, jobs, held, isolated=True, failed=failed)
+            return
+        # The rollback released them: lock again those no other worker took meanwhile,
+        # as they stand now, in their first order.
+        retaken = await self._lock("retake", ids=[j.id for j in jobs])
+        if retaken is None:
+            return
+        tx, rows = retaken
+        order = {j.id: n for n, j in enumerate(jobs)}
+        again = sorted(map(ClaimedJob._make, rows), key=lambda j: order[j.id])
+        await self._run_batch(conn, session, tx, again, held, isolated=True, failed=failed)
+
     async def _begin_for(self, job: ClaimedJob, held: bool) -> tuple[Any, ClaimedJob] | None:
         """A transaction for one job of a rolled-back batch, and the job as it
         stands. A claimed job is still this worker's; a taken one was released
@@ -390,8 +466,10 @@ class Lane:
         return tx, ClaimedJob._make(row)
 
     async def _run_one(self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob,
-                       out: Outcomes, info: dict[Any, Any], session_info: dict[Any, Any]
-                       ) -> None:
+                       out: Outcomes, info: dict[Any, Any], session_info: dict[Any, Any],
+                       isolated: bool) -> None:
+        """Run one job's handler and note its outcome in `out`. Raises _Rerun
+        when a plain job's writes cannot be undone alone."""
         runner = self.runner
         handler = runner.registry.get(job.job_type)
         if handler is None:
@@ -406,52 +484,66 @@ class Lane:
             return
         started = time.perf_counter()
         token = _current_job.set(job)
-        info.pop(DB_ERROR, None)
+        start_job(info, isolated)
         try:
             session_info[IN_HANDLER] = True
             try:
                 result = await handler(session, json.loads(job.payload))
             finally:
                 session_info[IN_HANDLER] = False
+            if _pending(session.sync_session):
+                await session.flush()  # objects added but not flushed are the job's writes too
             if info.pop(DB_ERROR, False):
                 raise SwallowedDatabaseError(
                     "the handler caught a database error and went on; its writes are void")
             encoded = encode_result(result)
-            if session.in_transaction():
-                await session.commit()  # releases the handler's savepoint
+            if undo_impossible(info):  # its session rolled back writes we cannot undo alone
+                raise _Rerun(None)
+        except _Rerun:
+            raise
         except Exception as exc:
+            # Back to the job's savepoint: its writes vanish, its batch-mates' stay.
             if session.in_transaction():
-                await session.rollback()  # back to the savepoint: the job's writes vanish
+                await session.rollback()
+            await roll_back_job(self.raw, info)
             if is_connection_error(exc) and self._connection_lost(conn):
                 raise  # not the job's fault: the whole batch goes back
-            retry = job.retry_count < job.max_retries
-            delay = runner.retry_policy.delay(job.attempt) if retry else 0.0
-            out.failure(job.id, error_text(exc), retry=retry, delay=delay)
-            logger.warning("job %s (%s) attempt %d failed%s: %s", job.id, job.job_type,
-                           job.attempt, f", retry in {delay:.2f}s" if retry else "",
-                           error_text(exc),
-                           extra={"event": "job_failed", "job_id": str(job.id),
-                                  "job_type": job.job_type, "attempt": job.attempt,
-                                  "duration_ms": round((time.perf_counter() - started) * 1000,
-                                                       3),
-                                  "worker_id": runner.worker_id, "retry": retry,
-                                  "retry_in_s": round(delay, 3) if retry else None,
-                                  "error": error_text(exc)})
+            if not isolated and touched(info):
+                raise _Rerun(error_text(exc)) from exc
+            self._fail(job, error_text(exc), out, time.perf_counter() - started)
         else:
             out.success(job.id, encoded, time.perf_counter() - started)
         finally:
+            end_job(info)
             _current_job.reset(token)
             if session.identity_map:
                 session.expunge_all()
 
+    def _fail(self, job: ClaimedJob, error: str, out: Outcomes, seconds: float | None) -> None:
+        """Note a failed attempt: retried after its backoff, or failed for good."""
+        retry = job.retry_count < job.max_retries
+        delay = self.runner.retry_policy.delay(job.attempt) if retry else 0.0
+        out.failure(job.id, error, retry=retry, delay=delay)
+        logger.warning("job %s (%s) attempt %d failed%s: %s", job.id, job.job_type,
+                       job.attempt, f", retry in {delay:.2f}s" if retry else "", error,
+                       extra={"event": "job_failed", "job_id": str(job.id),
+                              "job_type": job.job_type, "attempt": job.attempt,
+                              "duration_ms": None if seconds is None else round(seconds * 1000,
+                                                                                3),
+                              "worker_id": self.runner.worker_id, "retry": retry,
+                              "retry_in_s": round(delay, 3) if retry else None,
+                              "error": error})
+
     def _log_completed(self, jobs: list[ClaimedJob], out: Outcomes) -> None:
-        """One INFO event per completed job of a committed batch."""
+        """One DEBUG event per completed job of a committed batch (at INFO the
+        worker logs a summary every `summary_interval` instead: a line per job
+        would cost a no-op worker half its speed)."""
         by_id = {job.id: job for job in jobs}
         worker_id = self.runner.worker_id
         for job_id, seconds in zip(out.done_ids, out.handler_times, strict=True):
             job = by_id[job_id]
             ms = round(seconds * 1000, 3)
-            logger.info("job %s (%s) attempt %d completed in %.1f ms", job.id, job.job_type,
+            logger.debug("job %s (%s) attempt %d completed in %.1f ms", job.id, job.job_type,
                         job.attempt, ms,
                         extra={"event": "job_completed", "job_id": str(job.id),
                                "job_type": job.job_type, "attempt": job.attempt,
@@ -476,6 +568,13 @@ class Lane:
         if out.not_started and not held:  # taken jobs are released by the commit
             await queries["hand_back"].fetch(raw, ids=out.not_started, worker_id=worker_id)
         return latencies
+
+
+def _pending(session: Any) -> bool:
+    """Has the handler left ORM changes unflushed? (Changed and deleted objects
+    are in the identity map, which is empty for handlers that use no ORM
+    objects: checked first, it keeps this cheap.)"""
+    return bool(session.new or (session.identity_map and (session.dirty or session.deleted)))
 
 
 async def _rollback(tx: Any) -> None:

@@ -65,6 +65,17 @@ WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
   AND run_at <= now()
 FOR UPDATE SKIP LOCKED;
 
+-- job_savepoint --
+-- Before a handler's first statement: its writes from here on can be undone
+-- alone. Never released (the next job's nests inside it); the batch's commit
+-- commits them all. Sent as a simple query: one round trip, nothing prepared.
+SAVEPOINT jobqueue_job;
+
+-- job_rollback --
+-- A handler failed: undo its writes (back to the newest `job_savepoint`, its
+-- own), keep its batch-mates'.
+ROLLBACK TO SAVEPOINT jobqueue_job;
+
 -- complete --
 -- Record the successes of a batch, in the transaction that holds their
 -- handlers' writes. :held means this transaction took the jobs (`take`):

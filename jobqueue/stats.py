@@ -72,15 +72,37 @@ class LatencyHistogram:
         return self.max
 
     def summary_ms(self) -> dict[str, float | None]:
-        def ms(v: float | None) -> float | None:
-            return None if v is None else round(v * 1000, 3)
-
         return {
-            "p50": ms(self.quantile(0.50)),
-            "p95": ms(self.quantile(0.95)),
-            "p99": ms(self.quantile(0.99)),
-            "max": ms(self.max if self.total else None),
+            "p50": _ms(self.quantile(0.50)),
+            "p95": _ms(self.quantile(0.95)),
+            "p99": _ms(self.quantile(0.99)),
+            "max": _ms(self.max if self.total else None),
         }
+
+    def since(self, earlier: list[int]) -> LatencyHistogram:
+        """What was added after `earlier` (a copy of `counts`): a histogram of
+        its own, whose largest value is bounded by this one's."""
+        recent = LatencyHistogram()
+        recent.counts = [now - then for now, then in zip(self.counts, earlier, strict=True)]
+        recent.total = sum(recent.counts)
+        recent.max = self.max
+        return recent
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000, 3)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The counts at one moment, to report what happened since (`WorkerStats.since`)."""
+
+    at: float
+    completed: int
+    failed: int
+    retried: int
+    rerun: int
+    latency: list[int]
 
 
 @dataclass
@@ -93,6 +115,9 @@ class WorkerStats:
     handed_back: int = 0
     rescued: int = 0
     batches: int = 0
+    #: Jobs that ran a second time because a batch-mate without a savepoint
+    #: failed after writing (see `Lane._rerun_isolated`).
+    rerun: int = 0
     handler_time: LatencyHistogram = field(default_factory=LatencyHistogram)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     started: float | None = None
@@ -116,6 +141,27 @@ class WorkerStats:
     def stop_clock(self) -> None:
         self.stopped = time.perf_counter()
 
+    def mark(self) -> Mark:
+        return Mark(time.perf_counter(), self.completed, self.failed, self.retried, self.rerun,
+                    list(self.latency.counts))
+
+    def since(self, mark: Mark) -> tuple[dict[str, Any], Mark]:
+        """What happened since `mark`, as the fields of a summary line, and a
+        new mark. Costs nothing per job: the histogram's counts are compared
+        with the mark's copy of them."""
+        now = self.mark()
+        seconds = now.at - mark.at
+        latency = self.latency.since(mark.latency)
+        fields: dict[str, Any] = {
+            "interval_s": round(seconds, 3), "completed": now.completed - mark.completed,
+            "failed": now.failed - mark.failed, "retried": now.retried - mark.retried,
+            "rerun": now.rerun - mark.rerun}
+        finished = fields["completed"] + fields["failed"]
+        fields["jobs_per_sec"] = round(finished / seconds, 1) if seconds > 0 else 0.0
+        fields.update({f"latency_{k}_ms": v for k, v in latency.summary_ms().items()
+                       if k != "max"})
+        return fields, now
+
     @property
     def elapsed(self) -> float:
         if self.started is None:
@@ -126,10 +172,12 @@ class WorkerStats:
         """The figures `JobRunner.run()` returns and logs.
 
         processed: jobs completed. failed: jobs that ended failed. retried:
-        failed attempts that were scheduled again. error_rate: failed attempts
-        over all attempts. throughput: finished jobs per second while active.
-        handler_ms: time inside handlers. latency_ms: from enqueue (or due
-        time, for scheduled jobs and retries) to the completing statement.
+        failed attempts that were scheduled again. rerun: jobs run a second
+        time because a batch-mate failed after writing without a savepoint.
+        error_rate: failed attempts over all attempts. throughput: finished
+        jobs per second while active. handler_ms: time inside handlers.
+        latency_ms: from enqueue (or due time, for scheduled jobs and retries)
+        to the completing statement.
         """
         attempts = self.completed + self.failed + self.retried
         elapsed = self.elapsed
@@ -141,6 +189,7 @@ class WorkerStats:
             "handed_back": self.handed_back,
             "rescued": self.rescued,
             "batches": self.batches,
+            "rerun": self.rerun,
             "error_rate": round((self.failed + self.retried) / attempts, 4) if attempts else 0.0,
             "throughput_per_sec": (
                 round((self.completed + self.failed) / elapsed, 1) if elapsed > 0 else 0.0

@@ -73,6 +73,8 @@ async def test_run_at_schedules_the_job(db_url: str, conn: asyncpg.Connection) -
         (["status", str(uuid.UUID(int=7))], "no job"),
         (["worker", "--import", "no_such_module_anywhere"], "cannot import"),
         (["worker", "--concurrency", "0", "--burst"], "concurrency"),
+        (["worker", "--summary-interval", "-1", "--burst"], "summary interval"),
+        (["worker", "--summary-interval", "inf", "--burst"], "summary interval"),
     ],
 )
 async def test_bad_input_is_one_line_and_writes_nothing(
@@ -83,9 +85,14 @@ async def test_bad_input_is_one_line_and_writes_nothing(
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
 
 
-def test_usage_errors_exit_2() -> None:
-    result = jobqueue("enqueue", "t", "--max-retries", "many", url=None)
-    assert result.returncode == 2 and "invalid int value" in result.stderr
+@pytest.mark.parametrize(("args", "message"), [
+    (["enqueue", "t", "--max-retries", "many"], "invalid int value"),
+    (["worker", "--savepoints", "sometimes"], "invalid choice: 'sometimes'"),
+    (["worker", "--loop", "trio"], "invalid choice: 'trio'"),
+])
+def test_usage_errors_exit_2(args: list[str], message: str) -> None:
+    result = jobqueue(*args, url=None)
+    assert result.returncode == 2 and message in result.stderr
 
 
 @pytest.mark.parametrize(

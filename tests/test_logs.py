@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -18,9 +19,9 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from jobqueue import HandlerRegistry, current_job, db, enqueue, enqueue_many
+from jobqueue import HandlerRegistry, JobRunner, current_job, db, enqueue, enqueue_many
 from jobqueue.logs import JsonFormatter, configure_logging
-from jobqueue.testing import drain
+from jobqueue.testing import drain, wait_for
 from tests.conftest import ROOT
 
 
@@ -58,14 +59,14 @@ async def test_json_lines_carry_the_job_fields(engine: AsyncEngine, db_url: str)
         done = await enqueue(c, "ok", {})
         failed = await enqueue(c, "boom", {}, max_retries=0)
     stream = io.StringIO()
-    configure_logging("INFO", "json", stream=stream)
+    configure_logging("DEBUG", "json", stream=stream)
     await drain(db_url, registry=registry())
 
     logged = events(stream)
     completed = [e for e in logged if e.get("event") == "job_completed"]
     assert [e["job_id"] for e in completed] == [str(done)]
     event = completed[0]
-    assert event["level"] == "INFO" and event["logger"] == "jobqueue.worker"
+    assert event["level"] == "DEBUG" and event["logger"] == "jobqueue.worker"
     assert event["job_type"] == "ok" and event["attempt"] == 1
     assert isinstance(event["duration_ms"], float) and 0 <= event["duration_ms"] < 10_000
     assert isinstance(event["worker_id"], int) and event["worker_id"] > 0
@@ -87,22 +88,58 @@ async def test_text_lines_read_like_sentences(engine: AsyncEngine, db_url: str) 
     async with engine.begin() as c:
         job_id = await enqueue(c, "ok", {})
     stream = io.StringIO()
-    configure_logging("INFO", "text", stream=stream)
+    configure_logging("DEBUG", "text", stream=stream)
     await drain(db_url, registry=registry())
-    pattern = (r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO jobqueue\.worker: "
+    pattern = (r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} DEBUG jobqueue\.worker: "
                rf"job {job_id} \(ok\) attempt 1 completed in \d+\.\d ms")
     assert len([ln for ln in stream.getvalue().splitlines() if re.fullmatch(pattern, ln)]) == 1
 
 
-async def test_completions_are_not_logged_below_info(engine: AsyncEngine, db_url: str) -> None:
+@pytest.mark.parametrize("level", ["INFO", "WARNING"])
+async def test_completions_are_logged_at_debug_only(
+        engine: AsyncEngine, db_url: str, level: str) -> None:
+    """At INFO (the CLI's default) a worker says it started, sums up and
+    stopped, but writes no line per job: failures are WARNINGs at any level."""
     async with engine.begin() as c:
         await enqueue_many(c, "ok", [{}] * 5)
         await enqueue(c, "boom", {}, max_retries=0)
     stream = io.StringIO()
-    configure_logging("WARNING", "json", stream=stream)
+    configure_logging(level, "json", stream=stream)
     report = await drain(db_url, registry=registry())
     assert report["processed"] == 5
-    assert [e["event"] for e in events(stream)] == ["job_failed"]
+    logged = [e.get("event") for e in events(stream)]
+    assert "job_completed" not in logged and logged.count("job_failed") == 1
+    assert ("worker_stopped" in logged) == (level == "INFO")
+
+
+async def test_at_info_the_worker_sums_up_every_interval(
+        engine: AsyncEngine, db_url: str) -> None:
+    async with engine.begin() as c:
+        await enqueue_many(c, "ok", [{}] * 20)
+        await enqueue(c, "boom", {}, max_retries=0)
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream=stream)
+    runner = JobRunner(db_url, registry=registry(), summary_interval=0.1,
+                       install_signal_handlers=False)
+    task = asyncio.create_task(runner.run())
+    try:
+        summary = await wait_for(lambda: next(
+            (e for e in map(json.loads, stream.getvalue().splitlines())
+             if e.get("event") == "worker_summary"), None), timeout=30,
+            message="a summary line")
+    finally:
+        runner.stop()
+        await task
+    assert summary["level"] == "INFO" and summary["worker_id"] == runner.worker_id
+    assert (summary["completed"], summary["failed"], summary["retried"]) == (20, 1, 0)
+    assert summary["jobs_per_sec"] > 0 and 0 < summary["interval_s"] < 30
+    assert 0 < summary["latency_p50_ms"] <= summary["latency_p95_ms"] <= summary[
+        "latency_p99_ms"]
+    assert summary["message"].startswith(f"worker {runner.worker_id}: ")
+    assert "20 completed, 0 retried, 1 failed" in summary["message"]
+    # Idle intervals say nothing: one summary for the one busy interval.
+    assert [e.get("event") for e in map(json.loads, stream.getvalue().splitlines())].count(
+        "worker_summary") == 1
 
 
 async def test_a_completion_is_logged_only_once_committed(
@@ -121,7 +158,7 @@ async def test_a_completion_is_logged_only_once_committed(
     async with engine.begin() as c:
         taken = await enqueue(c, "stolen", {})
     stream = io.StringIO()
-    configure_logging("INFO", "json", stream=stream)
+    configure_logging("DEBUG", "json", stream=stream)
     try:
         await drain(db_url, registry=r, batch_size=1)
     finally:
@@ -174,7 +211,7 @@ async def test_worker_log_format_json_from_the_command_line(
 ) -> None:
     async with engine.begin() as c:
         job_id = await enqueue(c, "send_email", {"to": "a@x"})
-    option = ["--log-format", "json"]
+    option = ["--log-format", "json", "--log-level", "DEBUG"]
     args = (["worker", *option] if position == "after" else [*option, "worker"])
     result = run_cli(*args, "--import", "jobqueue.examples", "--burst", url=db_url)
     assert result.returncode == 0, result.stderr
@@ -189,3 +226,16 @@ def test_an_unknown_log_format_is_a_usage_error() -> None:
     result = subprocess.run([sys.executable, "-m", "jobqueue", "status", "--log-format", "xml"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "invalid choice: 'xml'" in result.stderr
+
+
+async def test_the_worker_as_the_readme_starts_it_logs_no_line_per_job(
+        engine: AsyncEngine, db_url: str) -> None:
+    """`jobqueue worker --import …` at its defaults (INFO, text): 30 jobs,
+    no completion lines; what it did is in its last line."""
+    async with engine.begin() as c:
+        await enqueue_many(c, "send_email", [{"to": f"{i}@x"} for i in range(30)])
+    result = run_cli("worker", "--import", "jobqueue.examples", "--burst", url=db_url)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert not [ln for ln in lines if "completed in" in ln]
+    assert re.search(r"INFO jobqueue\.worker: worker \d+ stopped: .*\"processed\": 30", lines[-1])

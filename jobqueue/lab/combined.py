@@ -8,8 +8,8 @@
 4. commits once, and releases the lock.
 
 Written with plain asyncpg and explicit SQL so that every statement is in
-sight; jobqueue's lanes (`jobqueue/lane.py`) do the same per batch through
-SQLAlchemy.
+sight; jobqueue's lanes (`jobqueue/lane.py`) do the same per batch, with the
+handlers' statements coming through SQLAlchemy (`jobqueue/handler_session.py`).
 """
 
 from __future__ import annotations
@@ -214,3 +214,17 @@ def plot_batch(report: BatchReport) -> Any:
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+async def enqueue_payments(engine: Any, items: Sequence[Mapping[str, Any]]) -> int:
+    """The lesson's items as `process_payment` jobs, each enqueued in its own
+    transaction (so their due times differ and a worker takes them in this
+    order), none retried. Returns how many are pending."""
+    from jobqueue import enqueue
+
+    for item in items:
+        async with engine.begin() as conn:
+            await enqueue(conn, "process_payment", dict(item), max_retries=0)
+    async with engine.connect() as conn:
+        return int((await conn.exec_driver_sql(
+            "SELECT count(*) FROM jobs WHERE status = 'pending'")).scalar_one())

@@ -155,6 +155,10 @@ class _Trace:
     def statement(self, conn: Any, cursor: Any, sql: str, *args: Any) -> None:
         self.add(conn, _label(sql))
 
+    def failed(self, context: Any) -> None:
+        if context.connection is not None and context.statement:
+            self.add(context.connection, _label(context.statement))
+
     def transaction(self, word: str) -> Callable[[Any], None]:
         def hook(conn: Any) -> None:
             if not self.autocommit(conn):  # then SQLAlchemy's BEGIN/COMMIT send nothing
@@ -162,7 +166,11 @@ class _Trace:
         return hook
 
     def hooks(self) -> dict[str, Callable[..., None]]:
-        return {"engine_connect": self.connected, "before_cursor_execute": self.statement,
+        # A statement is written down once it has run (or failed), as asyncpg
+        # logs its own: what a hook sends just before a statement (jobqueue's
+        # savepoints) comes first in the trace, as it did on the wire.
+        return {"engine_connect": self.connected, "after_cursor_execute": self.statement,
+                "handle_error": self.failed,
                 "begin": self.transaction("BEGIN"), "commit": self.transaction("COMMIT"),
                 "rollback": self.transaction("ROLLBACK")}
 
