@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobqueue.benchmarks import load, param, save, scenarios
+from jobqueue.benchmarks import ceiling, load, param, save, scenarios
 from jobqueue.benchmarks.report import render
 
 
@@ -111,3 +111,15 @@ async def test_a_soak_samples_the_table_and_the_worker(bench_url: str) -> None:
 async def test_the_course_design_drains_everything(bench_url: str) -> None:
     rows = await scenarios.course_drains(bench_url, n=50, repeat=1)
     assert rows[0]["processed"] == 50 and rows[0]["jobs_per_sec"] > 0
+
+
+async def test_the_ceiling_measures_every_row(server_url: str) -> None:
+    rows = await ceiling.run(n=30, repeat=2, batch=20, noop_jobs=100,
+                             name=f"t{uuid.uuid4().hex[:8]}")
+    names = [r["name"] for r in rows]
+    assert names[:2] == ["round trip", "INSERT"] and "lane session, plain" in names
+    assert "session per job (create_savepoint)" in names and names[-1].startswith("take")
+    for row in rows:
+        assert row["wall_us"] > 0 and row["client_cpu_us"] > 0 and row["jobs_per_sec"] > 0
+        assert row["n"] in (30, 100) and row["repeat"] == 2
+    assert "lane session, isolated" in ceiling.table(rows)
