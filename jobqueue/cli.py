@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from jobqueue import db
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.logs import FORMATS, configure_logging
-from jobqueue.worker import DEFAULT_BATCH_SIZE, SAVEPOINT_MODES
+from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, SAVEPOINT_MODES
 
 logger = logging.getLogger("jobqueue.cli")
 
@@ -281,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("worker", help="run jobs until SIGTERM or SIGINT")
     s.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="a module that registers handlers (repeatable)")
-    s.add_argument("--concurrency", type=int, default=1, help="lanes running side by side")
+    s.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                   help="lanes running side by side, each with its own connection")
     s.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                    help="most jobs one lane takes and commits at once")
     s.add_argument("--quick-batch", type=float, default=0.05, metavar="SECONDS",

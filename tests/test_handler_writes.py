@@ -88,10 +88,11 @@ async def enqueue_in_order(engine: AsyncEngine, types: list[str]) -> list[uuid.U
 
 async def run(db_url: str, registry: HandlerRegistry, **options: Any
               ) -> tuple[JobRunner, dict[str, Any]]:
-    """Drain with a worker whose batches may last 5 s (so they are as large as
-    the test makes them); the runner (what it learnt) and its report."""
+    """Drain with one lane whose batches may last 5 s (so they are as large as
+    the test makes them, in the order it enqueued them); the runner (what it
+    learnt) and its report."""
     runner = JobRunner(db_url, registry=registry, burst=True, install_signal_handlers=False,
-                       quick_batch=5.0, **options)
+                       quick_batch=5.0, concurrency=1, **options)
     return runner, await runner.run()
 
 

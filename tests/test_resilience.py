@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import db, embedded, enqueue_many
 from jobqueue.testing import WorkerProcess, in_state, wait_for, worker_state
+from jobqueue.worker import DEFAULT_CONCURRENCY
 
 TIMEOUT = 60
 
@@ -178,9 +179,9 @@ async def test_dropped_lane_and_control_connections(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
         "WHERE application_name LIKE 'jobqueue worker % lane %' "
         "AND datname = current_database()")
-    assert lanes == 1
+    assert lanes == DEFAULT_CONCURRENCY  # each lane has a connection of its own
     await wait_for(lambda: _at_least(started_jobs(conn), 12), timeout=TIMEOUT,
-                   message="work to go on after losing the lane")
+                   message="work to go on after losing the lanes")
     controls = await conn.fetchval(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
         "WHERE application_name LIKE 'jobqueue worker % active %' "

@@ -206,9 +206,10 @@ async def test_savepoint_keeps_a_failed_payment_from_touching_the_balance(
         another = await enqueue(s, "process_payment",
                                 {"user_id": 1, "amount": 25, "payment_id": "p3"})
 
-    # One batch, one transaction (claimed whole: quick_batch=0): the failures
-    # must roll back alone.
-    report = await drain(db_url, registry=registry, batch_size=10, quick_batch=0)
+    # One lane, one batch, one transaction (claimed whole: quick_batch=0): the
+    # failures must roll back alone.
+    report = await drain(db_url, registry=registry, batch_size=10, quick_batch=0,
+                         concurrency=1)
 
     assert report["batches"] == 1
     assert await conn.fetchval("SELECT balance FROM demo_users WHERE id = 1") == 175
