@@ -1,8 +1,10 @@
 """The course's three example handlers, loadable with
 `jobqueue worker --import jobqueue.examples`.
 
-`process_payment` shows why handlers run inside a savepoint: it moves money
-and records the payment; if either step fails, neither happened.
+`process_payment` shows why a handler's writes are undone alone when it
+fails: it moves money and records the payment; if either step fails, neither
+happened (its savepoint is rolled back to, or, for a job that ran without one,
+its batch is rolled back and run again with one per job).
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ async def process_payment(session: AsyncSession, payload: dict[str, Any]) -> dic
 
     Two writes: the balance, then the payment's record, whose primary key
     makes a payment id count once. A second run of the same payment fails on
-    that key after the balance update, and the savepoint takes the update
-    back: the balance moves exactly once. An overdraft fails the balance's
+    that key after the balance update, and the update is taken back with it:
+    the balance moves exactly once. An overdraft fails the balance's
     CHECK and changes nothing either.
     """
     user_id = int(payload["user_id"])
