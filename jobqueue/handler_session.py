@@ -57,9 +57,14 @@ JOB = "jobqueue_job"  # how the running job runs: ISOLATED, PLAIN, or None betwe
 JOB_SAVEPOINT = "jobqueue_job_savepoint"  # an isolated job's savepoint is open
 TOUCHED = "jobqueue_touched"  # the running job's handler sent a statement
 UNDO = "jobqueue_undo"  # a plain job's session rolled back after writing: undo impossible
+COMMITTED = "jobqueue_committed"  # the handler committed the session's connection itself
 ISOLATED, PLAIN = "isolated", "plain"
 #: Key in a lane session's `info` dict: a handler is running.
 IN_HANDLER = "jobqueue_in_handler"
+
+
+class HandlerError(RuntimeError):
+    """A handler left its session in a state the next job cannot start from."""
 
 
 class HandlerCommitError(RuntimeError):
@@ -88,7 +93,9 @@ def lane_engine(url: str, lanes: int, application_name: str) -> AsyncEngine:
     sync = engine.sync_engine
     event.listen(sync, "before_cursor_execute", _before_statement)
     event.listen(sync, "rollback", _roll_back_job)
+    event.listen(sync, "commit", _note_commit)
     event.listen(sync, "savepoint", _count_savepoint)
+    event.listen(sync, "rollback_savepoint", _recovered)
     event.listen(sync, "handle_error", _mark_db_error)
     return engine
 
@@ -103,7 +110,7 @@ def start_job(info: dict[Any, Any], isolated: bool) -> None:
     """A handler is about to run, isolated (its first statement opens its
     savepoint) or plain."""
     info[JOB] = ISOLATED if isolated else PLAIN
-    info[JOB_SAVEPOINT] = info[TOUCHED] = info[UNDO] = False
+    info[JOB_SAVEPOINT] = info[TOUCHED] = info[UNDO] = info[COMMITTED] = False
     info.pop(DB_ERROR, None)
 
 
@@ -115,6 +122,14 @@ def end_job(info: dict[Any, Any]) -> None:
 def touched(info: dict[Any, Any]) -> bool:
     """Did the running job's handler send anything to the database?"""
     return bool(info.get(TOUCHED))
+
+
+def connection_committed(info: dict[Any, Any]) -> bool:
+    """Did the handler commit its session's connection (`(await
+    session.connection()).commit()`)? Nothing reached the server (the lane's
+    connection is in autocommit mode at SQLAlchemy's level), but its session
+    no longer tracks its writes: the job fails, and its writes go with it."""
+    return bool(info.get(COMMITTED))
 
 
 def undo_impossible(info: dict[Any, Any]) -> bool:
@@ -169,6 +184,19 @@ def _roll_back_job(conn: Any) -> None:
         info[JOB_SAVEPOINT] = False  # the handler's next statement opens a new one
     elif job == PLAIN and info[TOUCHED]:
         info[UNDO] = True
+
+
+def _note_commit(conn: Any) -> None:
+    if conn.info.get(JOB) is not None:
+        conn.info[COMMITTED] = True
+
+
+def _recovered(conn: Any, name: str, context: Any) -> None:
+    """The handler rolled back to a savepoint of its own: an error inside it is
+    undone with it (PostgreSQL's way to recover), so it no longer fails the
+    job. (Any savepoint still open when a statement fails encloses it; if the
+    ROLLBACK TO itself fails, `handle_error` marks the connection again.)"""
+    conn.info.pop(DB_ERROR, None)
 
 
 def _count_savepoint(conn: Any, name: str | None) -> None:

@@ -48,7 +48,10 @@ from jobqueue.handler_session import (
     IN_HANDLER,
     SAVEPOINT_LIMIT,
     SAVEPOINTS,
+    HandlerCommitError,
+    HandlerError,
     SwallowedDatabaseError,
+    connection_committed,
     end_job,
     refuse_handler_commit,
     roll_back_job,
@@ -105,10 +108,25 @@ class _Rerun(Exception):
     isolated. `error`: the job's failed attempt (None: it succeeded but its
     session rolled back after writing, so it runs again too)."""
 
-    def __init__(self, error: str | None) -> None:
+    def __init__(self, job: ClaimedJob, error: str | None) -> None:
         super().__init__(error)
+        self.job = job
         self.error = error
-        self.index = 0  # the job's place in its batch
+        #: Filled in by Lane._run_jobs: what the rerun keeps, and how many
+        #: jobs that already ran must run again (they wrote, and it was lost).
+        self.decided: dict[uuid.UUID, Decided] = {}
+        self.again = 0
+
+
+class Decided(NamedTuple):
+    """An outcome a rerun of the batch records without running the job again:
+    a success that never touched the database (nothing of it was rolled back),
+    or a failure (its writes are gone either way). `logged`: said already."""
+
+    failed: bool
+    value: str | None  # the encoded result, or the error
+    seconds: float | None  # handler time, for a success
+    logged: bool
 
 
 @dataclass
@@ -172,10 +190,11 @@ class Lane:
         #: count as if each job of a full batch paid it); None until a batch ran.
         self.per_job: float | None = None
         #: Recent savepoints a job opens (0 for jobs that never touch the
-        #: database), and the most one job has opened: they size batches so
-        #: that none opens more than SAVEPOINT_LIMIT.
+        #: database), and the most one job of each type has opened (at most
+        #: SAVEPOINT_LIMIT): they size batches so that none opens more than
+        #: SAVEPOINT_LIMIT.
         self.savepoints_per_job = 0.0
-        self.savepoint_peak = 0
+        self.savepoint_peak: dict[str, int] = {}
 
     async def run(self) -> None:
         """Work until the worker stops. A lost connection is not reopened here:
@@ -271,13 +290,15 @@ class Lane:
             return None
         return tx, rows
 
-    def _full(self, held: bool, started: float, savepoints: int) -> bool:
-        """Must the batch stop before its next job? A quick batch that outruns
+    def _full(self, held: bool, started: float, savepoints: int, job: ClaimedJob) -> bool:
+        """Must the batch stop before `job`? A quick batch that outruns
         quick_batch (slow jobs after fast ones) stops early: its untouched jobs
         are released at the commit, and the lane's pace now says to claim them.
-        Any batch stops before a job like the most savepoint-hungry one so far
-        could open more than SAVEPOINT_LIMIT in its transaction."""
-        if savepoints + max(1, self.savepoint_peak) > SAVEPOINT_LIMIT:
+        A batch that has opened savepoints stops before a job that could take
+        it past SAVEPOINT_LIMIT (judged by the most its type has opened, and
+        at least one)."""
+        if savepoints and savepoints + max(1, self.savepoint_peak.get(job.job_type, 0)
+                                           ) > SAVEPOINT_LIMIT:
             return True
         return held and time.perf_counter() - started > self.runner.quick_batch
 
@@ -286,7 +307,9 @@ class Lane:
         per_job = seconds / jobs
         self.per_job = per_job if self.per_job is None else (
             _PACE_WEIGHT * per_job + (1 - _PACE_WEIGHT) * self.per_job)
-        self.savepoints_per_job = (_PACE_WEIGHT * savepoints / jobs
+        # At most one a job: a job that opens many of its own (it overflows
+        # alone) must not shrink the batches of the jobs after it.
+        self.savepoints_per_job = (_PACE_WEIGHT * min(1.0, savepoints / jobs)
                                    + (1 - _PACE_WEIGHT) * self.savepoints_per_job)
 
     async def _wait_for_work(self) -> bool:
@@ -303,21 +326,22 @@ class Lane:
 
     async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, tx: Any,
                          jobs: list[ClaimedJob], held: bool, isolated: bool = False,
-                         failed: dict[uuid.UUID, str] | None = None) -> None:
+                         decided: dict[uuid.UUID, Decided] | None = None) -> None:
         """Run a batch in the open transaction `tx`; one commit records every outcome.
         `held`: the jobs were taken by this transaction, not claimed before it.
         `isolated`: every job in a savepoint of its own (else only the job
-        types that need one). `failed`: jobs whose attempt already failed
-        (their error), recorded without running them again."""
+        types that need one). `decided`: outcomes recorded without running
+        those jobs again (a rerun's)."""
         runner = self.runner
         outcomes = Outcomes()
+        decided = decided or {}
         try:
-            await self._run_jobs(conn, session, jobs, held, isolated, failed or {}, outcomes)
+            await self._run_jobs(conn, session, jobs, held, isolated, decided, outcomes)
             latencies = await self._record(outcomes, held)
             await tx.commit()
         except _Rerun as rerun:
             await _rollback(tx)
-            await self._rerun_isolated(conn, session, jobs, rerun.index, held, rerun.error)
+            await self._rerun_isolated(conn, session, jobs, held, rerun)
             return
         except LostOwnership:
             await _rollback(tx)
@@ -332,7 +356,7 @@ class Lane:
             if runner.aborting:
                 raise
             if not is_connection_error(exc):
-                await self._after_batch_error(conn, session, jobs, held, exc)
+                await self._after_batch_error(conn, session, jobs, held, exc, decided)
                 return
             logger.error("lane %d: connection lost mid-batch; %d job(s) go back to the queue",
                          self.number, len(jobs),
@@ -348,34 +372,48 @@ class Lane:
 
     async def _run_jobs(self, conn: AsyncConnection, session: AsyncSession,
                         jobs: list[ClaimedJob], held: bool, isolated: bool,
-                        failed: dict[uuid.UUID, str], out: Outcomes) -> None:
-        """The batch's handlers, one after another, until done or `_full`."""
+                        decided: dict[uuid.UUID, Decided], out: Outcomes) -> None:
+        """The batch's handlers, one after another, until done or `_full`;
+        the `decided` jobs' outcomes first, without running them."""
         runner = self.runner
         always = isolated or runner.savepoints == "always"
         info, session_info = conn.info, session.info
         start_transaction(info)
-        started, ran = time.perf_counter(), 0
         for job in jobs:
-            if runner.stopping or (ran and self._full(held, started, info[SAVEPOINTS])):
-                out.not_started = [job.id for job in jobs[ran:]]
+            if job.id in decided:
+                self._record_decided(job, decided[job.id], out)
+        todo = [job for job in jobs if job.id not in decided]
+        touched_ids: set[uuid.UUID] = set()
+        started, ran = time.perf_counter(), 0
+        for job in todo:
+            if runner.stopping or (ran and self._full(held, started, info[SAVEPOINTS], job)):
+                out.not_started = [job.id for job in todo[ran:]]
                 break
-            if job.id in failed:
-                self._fail(job, failed[job.id], out, None)
-            else:
-                opened = info[SAVEPOINTS]
-                try:
-                    await self._run_one(conn, session, job, out, info, session_info,
-                                        always or job.job_type in runner.isolated_types)
-                except _Rerun as rerun:
-                    rerun.index = ran
-                    raise
-                self.savepoint_peak = max(self.savepoint_peak, info[SAVEPOINTS] - opened)
+            opened = info[SAVEPOINTS]
+            try:
+                await self._run_one(conn, session, job, out, info, session_info,
+                                    always or job.job_type in runner.isolated_types)
+            except _Rerun as rerun:
+                rerun.decided, rerun.again = _decided(out, touched_ids, rerun)
+                raise
+            if touched(info):
+                touched_ids.add(job.id)
+            used = min(info[SAVEPOINTS] - opened, SAVEPOINT_LIMIT)
+            if used > self.savepoint_peak.get(job.job_type, 0):
+                self.savepoint_peak[job.job_type] = used
             ran += 1
         if ran:
             self._pace(time.perf_counter() - started, ran, info[SAVEPOINTS])
 
+    def _record_decided(self, job: ClaimedJob, outcome: Decided, out: Outcomes) -> None:
+        if not outcome.failed:
+            out.success(job.id, outcome.value, outcome.seconds or 0.0)
+        else:
+            self._fail(job, outcome.value or "", out, None, log=not outcome.logged)
+
     async def _after_batch_error(self, conn: AsyncConnection, session: AsyncSession,
-                                 jobs: list[ClaimedJob], held: bool, exc: Exception) -> None:
+                                 jobs: list[ClaimedJob], held: bool, exc: Exception,
+                                 decided: dict[uuid.UUID, Decided]) -> None:
         """The batch could not be recorded or committed (a deferred constraint
         a handler broke, say): it rolled back whole. Run its jobs again one per
         transaction, so the culprit fails alone; a lone job that still cannot
@@ -389,7 +427,7 @@ class Lane:
                 again = await self._begin_for(job, held)
                 if again is not None:
                     await self._run_batch(conn, session, again[0], [again[1]], held,
-                                          isolated=True)
+                                          isolated=True, decided=decided)
             return
         again = await self._begin_for(jobs[0], held)
         if again is None:
@@ -414,31 +452,33 @@ class Lane:
                               "error": error_text(exc)})
 
     async def _rerun_isolated(self, conn: AsyncConnection, session: AsyncSession,
-                              jobs: list[ClaimedJob], culprit: int, held: bool,
-                              error: str | None) -> None:
-        """A plain job (`jobs[culprit]`) failed after touching the database, or
+                              jobs: list[ClaimedJob], held: bool, rerun: _Rerun) -> None:
+        """A plain job (the culprit) failed after touching the database, or
         rolled its session back after writing: the batch has rolled back, and
-        it runs again with every job in a savepoint of its own. The jobs before
-        the culprit run a second time (their writes still commit once; what
-        they did outside the database happens twice); the culprit's failed
-        attempt is recorded as it happened; from now on its job type runs
-        isolated in this worker, so this happens once per type."""
-        runner, job = self.runner, jobs[culprit]
-        runner.isolated_types.add(job.job_type)
-        runner.stats.rerun += culprit
-        logger.warning("job %s (%s) %s after writing, in a batch run without savepoints: "
-                       "the batch rolled back and runs again, each job in a savepoint "
-                       "(%d ran before it); %s jobs run in savepoints from now on",
-                       job.id, job.job_type, "failed" if error else "rolled back",
-                       culprit, job.job_type,
-                       extra={"event": "batch_rerun", "job_id": str(job.id),
-                              "job_type": job.job_type, "jobs": len(jobs),
-                              "rerun": culprit, "worker_id": runner.worker_id})
-        failed = {job.id: error} if error is not None else {}
+        runs again with every job in a savepoint of its own. Jobs already
+        decided are recorded as they were (failures, and successes that never
+        touched the database); the jobs before the culprit that wrote run a
+        second time (their writes still commit once; what they did outside the
+        database happens twice). The culprit's type already runs isolated in
+        this worker from now on (`_run_one`), so this happens once per type."""
+        runner, culprit = self.runner, rerun.job
+        runner.stats.rerun += rerun.again
+        self.savepoints_per_job = max(self.savepoints_per_job, 1.0)  # claim batches of 64
+        logger.warning("job %s (%s) %s after touching the database, in a batch run without "
+                       "savepoints: the batch rolled back and runs again, each job in a "
+                       "savepoint (%d job(s) that ran already run a second time, %d kept "
+                       "as they were); %s jobs run in savepoints from now on",
+                       culprit.id, culprit.job_type,
+                       "failed" if rerun.error else "rolled its session back", rerun.again,
+                       len(rerun.decided), culprit.job_type,
+                       extra={"event": "batch_rerun", "job_id": str(culprit.id),
+                              "job_type": culprit.job_type, "jobs": len(jobs),
+                              "rerun": rerun.again, "worker_id": runner.worker_id})
         if not held:  # still ours: only the transaction is new
             tx = self.raw.transaction()
             await tx.start()
-            await self._run_batch(conn, session, tx, jobs, held, isolated=True, failed=failed)
+            await self._run_batch(conn, session, tx, jobs, held, isolated=True,
+                                  decided=rerun.decided)
             return
         # The rollback released them: lock again those no other worker took meanwhile,
         # as they stand now, in their first order.
@@ -447,8 +487,9 @@ class Lane:
             return
         tx, rows = retaken
         order = {j.id: n for n, j in enumerate(jobs)}
-        again = sorted(map(ClaimedJob._make, rows), key=lambda j: order[j.id])
-        await self._run_batch(conn, session, tx, again, held, isolated=True, failed=failed)
+        retaken_jobs = sorted(map(ClaimedJob._make, rows), key=lambda j: order[j.id])
+        await self._run_batch(conn, session, tx, retaken_jobs, held, isolated=True,
+                              decided=rerun.decided)
 
     async def _begin_for(self, job: ClaimedJob, held: bool) -> tuple[Any, ClaimedJob] | None:
         """A transaction for one job of a rolled-back batch, and the job as it
@@ -473,14 +514,8 @@ class Lane:
         runner = self.runner
         handler = runner.registry.get(job.job_type)
         if handler is None:
-            out.failure(job.id, f"no handler registered for job type {job.job_type!r}",
-                        retry=False, delay=0.0)
-            logger.warning("job %s (%s) attempt %d failed: no handler registered", job.id,
-                           job.job_type, job.attempt,
-                           extra={"event": "job_failed", "job_id": str(job.id),
-                                  "job_type": job.job_type, "attempt": job.attempt,
-                                  "worker_id": runner.worker_id, "retry": False,
-                                  "error": "no handler registered"})
+            self._fail(job, f"no handler registered for job type {job.job_type!r}", out, None,
+                       final=True)
             return
         started = time.perf_counter()
         token = _current_job.set(job)
@@ -491,14 +526,7 @@ class Lane:
                 result = await handler(session, json.loads(job.payload))
             finally:
                 session_info[IN_HANDLER] = False
-            if _pending(session.sync_session):
-                await session.flush()  # objects added but not flushed are the job's writes too
-            if info.pop(DB_ERROR, False):
-                raise SwallowedDatabaseError(
-                    "the handler caught a database error and went on; its writes are void")
-            encoded = encode_result(result)
-            if undo_impossible(info):  # its session rolled back writes we cannot undo alone
-                raise _Rerun(None)
+            encoded = await self._returned(session, info, job, result)
         except _Rerun:
             raise
         except Exception as exc:
@@ -509,7 +537,10 @@ class Lane:
             if is_connection_error(exc) and self._connection_lost(conn):
                 raise  # not the job's fault: the whole batch goes back
             if not isolated and touched(info):
-                raise _Rerun(error_text(exc)) from exc
+                # Before the batch rolls back and frees its jobs: another lane
+                # that takes this type meanwhile must already isolate it.
+                runner.isolated_types.add(job.job_type)
+                raise _Rerun(job, error_text(exc)) from exc
             self._fail(job, error_text(exc), out, time.perf_counter() - started)
         else:
             out.success(job.id, encoded, time.perf_counter() - started)
@@ -519,11 +550,35 @@ class Lane:
             if session.identity_map:
                 session.expunge_all()
 
-    def _fail(self, job: ClaimedJob, error: str, out: Outcomes, seconds: float | None) -> None:
+    async def _returned(self, session: AsyncSession, info: dict[Any, Any], job: ClaimedJob,
+                        result: Any) -> str | None:
+        """A handler returned: may its job count as done? Its encoded result,
+        or the reason it fails (raised)."""
+        if session.in_nested_transaction():
+            # Left open, the next job's rollback would reach back into it.
+            raise HandlerError("the handler returned inside a begin_nested() it opened")
+        if connection_committed(info):
+            raise HandlerCommitError(
+                "handlers must not commit: their writes commit with the job's completion")
+        if _pending(session.sync_session):
+            await session.flush()  # objects added but not flushed are the job's writes too
+        if info.pop(DB_ERROR, False):
+            raise SwallowedDatabaseError(
+                "the handler caught a database error and went on; its writes are void")
+        encoded = encode_result(result)
+        if undo_impossible(info):  # its session rolled back writes we cannot undo alone
+            self.runner.isolated_types.add(job.job_type)
+            raise _Rerun(job, None)
+        return encoded
+
+    def _fail(self, job: ClaimedJob, error: str, out: Outcomes, seconds: float | None,
+              log: bool = True, final: bool = False) -> None:
         """Note a failed attempt: retried after its backoff, or failed for good."""
-        retry = job.retry_count < job.max_retries
+        retry = not final and job.retry_count < job.max_retries
         delay = self.runner.retry_policy.delay(job.attempt) if retry else 0.0
         out.failure(job.id, error, retry=retry, delay=delay)
+        if not log:
+            return
         logger.warning("job %s (%s) attempt %d failed%s: %s", job.id, job.job_type,
                        job.attempt, f", retry in {delay:.2f}s" if retry else "", error,
                        extra={"event": "job_failed", "job_id": str(job.id),
@@ -568,6 +623,28 @@ class Lane:
         if out.not_started and not held:  # taken jobs are released by the commit
             await queries["hand_back"].fetch(raw, ids=out.not_started, worker_id=worker_id)
         return latencies
+
+
+def _decided(out: Outcomes, touched_ids: set[uuid.UUID], rerun: _Rerun
+             ) -> tuple[dict[uuid.UUID, Decided], int]:
+    """What a rerun keeps of a batch's first run (`out`): every failure (its
+    writes are gone either way: it had none, or its savepoint took them back)
+    and the successes that never touched the database; and the culprit's own
+    failure. Also how many successes wrote and must run again."""
+    kept = {job_id: Decided(True, error, None, True)
+            for job_id, error in zip(out.failed_ids, out.errors, strict=True)}
+    again = 0
+    for job_id, result, seconds in zip(out.done_ids, out.results, out.handler_times,
+                                       strict=True):
+        if job_id in touched_ids:
+            again += 1
+        else:
+            kept[job_id] = Decided(False, result, seconds, True)
+    if rerun.error is not None:
+        kept[rerun.job.id] = Decided(True, rerun.error, None, False)
+    else:
+        again += 1  # the culprit itself: it succeeded, but its rollback must be honoured
+    return kept, again
 
 
 def _pending(session: Any) -> bool:

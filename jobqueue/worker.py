@@ -420,7 +420,8 @@ class JobRunner:
 
     async def _log_summaries(self) -> None:
         """Every `summary_interval`, one INFO line of what the worker did since
-        the last one (nothing when it did nothing)."""
+        the last one (nothing when it did nothing). Its rate counts finished
+        jobs (completed, or failed for good), as the final report's does."""
         if not self.summary_interval:
             return
         mark = self.stats.mark()
@@ -430,13 +431,14 @@ class JobRunner:
             if not summary["completed"] + summary["failed"] + summary["retried"]:
                 continue
             rerun = f", {summary['rerun']:,} rerun" if summary["rerun"] else ""
+            latency = ("; enqueue to completion p50 {latency_p50_ms}, p95 {latency_p95_ms}, "
+                       "p99 {latency_p99_ms} ms".format(**summary)
+                       if summary["completed"] else "")
             logger.info(
-                "worker %d: %s jobs/s over %.1f s: %s completed, %s retried, %s failed%s; "
-                "enqueue to completion p50 %s, p95 %s, p99 %s ms",
+                "worker %d: %s jobs/s over %.1f s: %s completed, %s retried, %s failed%s%s",
                 self.worker_id, f"{summary['jobs_per_sec']:,.1f}", summary["interval_s"],
                 f"{summary['completed']:,}", f"{summary['retried']:,}",
-                f"{summary['failed']:,}", rerun, summary["latency_p50_ms"],
-                summary["latency_p95_ms"], summary["latency_p99_ms"],
+                f"{summary['failed']:,}", rerun, latency,
                 extra={"event": "worker_summary", "worker_id": self.worker_id, **summary})
 
     async def sleep_unless_stopping(self, seconds: float) -> None:

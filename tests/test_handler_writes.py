@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobqueue import HandlerRegistry, JobRunner, current_job, enqueue
@@ -64,6 +65,10 @@ def writers(runs: Counter[uuid.UUID]) -> HandlerRegistry:
             await write(session, n=-1)
         except Exception:  # noqa: BLE001 - what this handler is about
             return None
+
+    @registry.register("noop")
+    async def noop(session: AsyncSession, payload: dict[str, Any]) -> None:
+        runs[current_job().id] += 1
 
     @registry.register("rollback_then_ok")
     async def rollback_then_ok(session: AsyncSession, payload: dict[str, Any]) -> None:
@@ -265,3 +270,129 @@ async def test_a_handlers_own_savepoint_rolls_back_its_part_only(
     rows = await conn.fetch("SELECT job_id, n FROM effects ORDER BY job_id, n")
     assert sorted((r["job_id"], r["n"]) for r in rows) == sorted(
         (i, n) for i in ids for n in (1, 3))
+
+
+async def test_a_rerun_keeps_what_did_not_write_and_reruns_only_what_did(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    types = ["ok", "noop", "ok", "fail_before_write", "noop", "ok", "write_then_fail", "ok"]
+    ids = await enqueue_in_order(engine, types)
+    runs: Counter[uuid.UUID] = Counter()
+    runner, report = await run(db_url, writers(runs))
+    # Job 0 alone; in the batch of jobs 1-7 the write_then_fail (6) rolls it
+    # back: only the two ok jobs before it that wrote (2 and 5) run again.
+    assert report["rerun"] == 2
+    assert [runs[i] for i in ids] == [1, 1, 2, 1, 1, 2, 1, 1]
+    assert report["processed"] == 6 and report["failed"] == 2
+    assert await conn.fetchval("SELECT count(*) FROM effects") == types.count("ok")
+
+
+async def test_a_culprit_is_recorded_once_even_when_its_rerun_is_cut(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """100 writing jobs before the culprit: their rerun, each in a savepoint,
+    fills a transaction at 64; the culprit's failed attempt is recorded in it
+    all the same, and it does not run again before its retry is due."""
+    registry_runs: Counter[uuid.UUID] = Counter()
+    ids = await enqueue_in_order(engine, ["ok"] * 101)
+    async with engine.begin() as s:
+        culprit = await enqueue(s, "write_then_fail", {}, max_retries=3)
+    _, report = await run(db_url, writers(registry_runs))
+    assert registry_runs[culprit] == 1 and report["rerun"] == 100
+    row = await conn.fetchrow(
+        "SELECT status, retry_count, jsonb_array_length(error_history) AS n FROM jobs "
+        "WHERE id = $1", culprit)
+    assert tuple(row) == ("retrying", 1, 1)
+    assert await conn.fetchval("SELECT count(DISTINCT job_id) FROM effects") == len(ids)
+    assert await conn.fetchval("SELECT count(*) FROM effects") == len(ids)
+
+
+async def test_a_handler_that_leaves_its_savepoint_open_fails_alone(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection, checked_effects: None
+        ) -> None:
+    """Returning inside its own begin_nested() fails the job; the jobs after it,
+    a failing one included, cannot reach back into its savepoint."""
+    runs: Counter[uuid.UUID] = Counter()
+    registry = writers(runs)
+
+    @registry.register("leak")
+    async def leak(session: AsyncSession, payload: dict[str, Any]) -> None:
+        await session.execute(text("INSERT INTO effects (job_id) VALUES (:id)"),
+                              {"id": current_job().id})
+        await session.begin_nested()  # and returns without closing it
+
+    for savepoints in ("always", "auto"):
+        await conn.execute("TRUNCATE jobs, effects")
+        types = ["ok", "ok", "leak", "write_then_fail", "ok", "db_error", "ok"]
+        ids = await enqueue_in_order(engine, types)
+        _, report = await run(db_url, registry, savepoints=savepoints)
+        status = dict(await conn.fetch("SELECT id, status FROM jobs"))
+        assert [status[i] for i in ids] == [
+            "completed", "completed", "failed", "failed", "completed", "failed", "completed"]
+        error = await conn.fetchval("SELECT error_message FROM jobs WHERE id = $1", ids[2])
+        assert "begin_nested" in error
+        written = Counter(r["job_id"] for r in await conn.fetch("SELECT job_id FROM effects"))
+        assert [written[i] for i in ids] == [1, 1, 0, 0, 1, 0, 1], savepoints
+
+
+@pytest.mark.filterwarnings("ignore:transaction already deassociated")  # SQLAlchemy says so too
+async def test_committing_the_sessions_connection_is_refused_too(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("commits")
+    async def commits(session: AsyncSession, payload: dict[str, Any]) -> None:
+        await session.execute(text("INSERT INTO effects (job_id) VALUES (:id)"),
+                              {"id": current_job().id})
+        await (await session.connection()).commit()
+
+    for savepoints in ("always", "auto"):
+        await conn.execute("TRUNCATE jobs, effects")
+        await enqueue_in_order(engine, ["commits"] * 3)
+        _, report = await run(db_url, registry, savepoints=savepoints)
+        assert report["failed"] == 3 and report["processed"] == 0
+        assert await conn.fetchval("SELECT count(*) FROM effects") == 0
+        errors = {r[0] for r in await conn.fetch("SELECT error_message FROM jobs")}
+        assert errors == {"HandlerCommitError: handlers must not commit: their writes commit "
+                          "with the job's completion"}
+
+
+async def test_a_handler_may_recover_from_an_error_inside_its_own_savepoint(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """The PostgreSQL way (lesson 05): the failing statement in a
+    begin_nested() of its own, the error caught outside it. The job
+    completes with what it wrote instead, and nothing is rerun."""
+    await conn.execute("CREATE UNIQUE INDEX ON effects (job_id, n)")
+    registry = HandlerRegistry()
+
+    @registry.register("upsert")
+    async def upsert(session: AsyncSession, payload: dict[str, Any]) -> None:
+        insert = text("INSERT INTO effects (job_id, n) VALUES (:id, :n)")
+        await session.execute(insert, {"id": current_job().id, "n": 1})
+        try:
+            async with session.begin_nested():
+                await session.execute(insert, {"id": current_job().id, "n": 1})  # duplicate
+        except IntegrityError:
+            await session.execute(insert, {"id": current_job().id, "n": 2})
+
+    for savepoints in ("always", "auto"):
+        await conn.execute("TRUNCATE jobs, effects")
+        ids = await enqueue_in_order(engine, ["upsert"] * 4)
+        runner, report = await run(db_url, registry, savepoints=savepoints)
+        assert report["processed"] == 4 and report["rerun"] == 0
+        assert runner.isolated_types == set()
+        rows = await conn.fetch("SELECT job_id, n FROM effects")
+        assert sorted((r["job_id"], r["n"]) for r in rows) == sorted(
+            (i, n) for i in ids for n in (1, 2))
+
+
+async def test_one_savepoint_hungry_job_does_not_shrink_later_batches(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """A job that opened 70 savepoints (more than a batch may) is its type's
+    business: the 300 jobs of another type after it still go in batches (sized
+    by the pace of the slow job first, then larger), not one to a batch."""
+    seen: list[tuple[int, bool]] = []
+    registry = probing(conn, seen, nested=SAVEPOINT_LIMIT + 6)
+    registry.add("noop", writers(Counter()).get("noop"))  # type: ignore[arg-type]
+    await enqueue_in_order(engine, ["write"] + ["noop"] * 300)
+    _, report = await run(db_url, registry)
+    assert seen and all(over for _, over in seen)  # it did overflow, alone in its batch
+    assert report["processed"] == 301 and report["batches"] <= 10
