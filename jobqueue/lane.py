@@ -1,10 +1,14 @@
 """A lane: one connection that takes a batch of jobs, runs it, commits it, and again.
 
-A batch is one transaction and one commit, whatever its size; each handler's
-session opens a savepoint on its first statement only, so a handler that
-never touches the database costs no round trip (`handler_session.py`). One
-`complete` and one `fail` statement record every outcome. A batch ends before
-it would open more savepoints than PostgreSQL caches per transaction (64).
+A batch is one transaction and one commit, whatever its size; one `complete`
+and one `fail` statement record every outcome. Handlers write through the
+lane's session, straight into the batch (`handler_session.py`): *plain*, with
+no savepoint, until a job of their type fails after touching the database.
+That failure cannot be undone alone, so the batch rolls back and runs again
+with a savepoint per job (`Lane._rerun_isolated`: what did not write keeps its
+outcome, what wrote runs again), and the type keeps its savepoints from then
+on. A batch ends before it would open more savepoints than PostgreSQL caches
+per transaction (64).
 
 Two ways to take a batch, chosen per batch from how long the lane's recent
 jobs took (`Lane.plan`):
