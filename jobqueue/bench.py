@@ -40,7 +40,7 @@ from sqlalchemy import make_url
 from jobqueue import db, migrations
 from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry
-from jobqueue.worker import DEFAULT_BATCH_SIZE, JobRunner
+from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, JobRunner
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,8 @@ async def _fetchrow(url: str, sql: str, *args: Any) -> Any:
 
 
 async def drain_benchmark(
-    url: str, n: int, *, batch_size: int = DEFAULT_BATCH_SIZE, concurrency: int = 1
+    url: str, n: int, *, batch_size: int = DEFAULT_BATCH_SIZE,
+    concurrency: int = DEFAULT_CONCURRENCY
 ) -> dict[str, Any]:
     """Enqueue `n` no-op jobs, then time one burst worker draining them all.
 
@@ -443,7 +444,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         default=int(os.environ.get("JOBQUEUE_BENCH_REPEAT", DEFAULT_REPEAT)),
                         help="runs per size; the table shows their median (default %(default)s)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
-    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY)
     parser.add_argument("--samples", type=int, default=200,
                         help="lone jobs for the latency measurement (default %(default)s)")
     args = parser.parse_args(argv)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from jobqueue import bench, db
+from jobqueue.worker import DEFAULT_CONCURRENCY
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ async def test_drain_and_lone_job_latency(bench_url: str) -> None:
     drained = await bench.drain_benchmark(bench_url, 50, batch_size=20)
     assert drained["n"] == 50
     assert drained["seconds"] > 0 and drained["jobs_per_sec"] > 0
-    assert (drained["batch_size"], drained["concurrency"]) == (20, 1)
+    assert (drained["batch_size"], drained["concurrency"]) == (20, DEFAULT_CONCURRENCY)
     _ordered(drained, "")
     conn = await db.connect(bench_url)
     try:
