@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from jobqueue.benchmarks import ceiling, load, param, save, scenarios
-from jobqueue.benchmarks.report import render
+from jobqueue.benchmarks import ceiling, load, param, peers, plots, save, scenarios
+from jobqueue.benchmarks.report import drain_findings, goal_lines, render
+from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 
 
 @pytest.fixture
@@ -38,6 +39,103 @@ async def test_drain_modes_and_handlers(bench_url: str) -> None:
     for run in (exclusive, shared):
         assert run["jobs_per_sec"] > 0 and run["seconds"] > 0
         assert run["wal_mib"] > 0 and run["checkpoints"] >= 0 and run["full_page_images"] >= 0
+
+
+def test_labels_are_built_from_the_arguments_used() -> None:
+    readme = scenarios.worker_argv("noop")
+    assert readme == ["--import", "jobqueue.bench_handlers"]
+    assert scenarios.worker_label(readme) == (
+        "CLI defaults, as in the README (`jobqueue worker --import jobqueue.bench_handlers`): "
+        f"{DEFAULT_CONCURRENCY} lanes, batch {DEFAULT_BATCH_SIZE}, INFO logs, 1 process")
+    quiet = scenarios.worker_argv("process_payment", "--log-level", "WARNING")
+    assert scenarios.worker_label(quiet).startswith(
+        "(`jobqueue worker --import jobqueue.examples --log-level WARNING`): ")
+    assert "WARNING logs" in scenarios.worker_label(quiet)
+    burst = scenarios._worker_args(50, True, 1, "--burst")
+    assert scenarios.worker_label(burst, 2).endswith(
+        "× 2): 1 lane each, batch 50, WARNING logs, 2 processes (shared)")
+    # Figures drop the command line, sentences the "CLI defaults" they say themselves.
+    assert plots.short_settings(scenarios.worker_label(readme)).startswith("CLI defaults: ")
+    assert plots.short_settings(scenarios.worker_label(quiet)).startswith(
+        "--log-level WARNING: ")
+    assert plots.plain_settings(scenarios.worker_label(readme)).startswith(
+        "`jobqueue worker --import jobqueue.bench_handlers`: ")
+    assert plots.short_settings("batch 500, 1 process") == "batch 500, 1 process"
+
+
+def _rows(handler: str, rates: dict[str, float], n: int) -> list[dict]:
+    """Results rows as the comparison writes them, for three rounds at
+    0.9, 1 and 1.1 times each setup's rate (so the median is the rate)."""
+    setups = {"jobqueue": {"system": "jobqueue", "flags": []},
+              "jobqueue shared": {"system": "jobqueue", "flags": ["--shared"], "workers": 2},
+              "pgqueuer": {"system": "pgqueuer", "batch_size": 500},
+              "pgqueuer 2": {"system": "pgqueuer", "batch_size": 500, "workers": 2},
+              "perfTest": {"system": "graphile-worker", "workers": 4},
+              "graphile 1": {"system": "graphile-worker", "workers": 1},
+              "procrastinate": {"system": "procrastinate", "concurrency": 5, "n": 2_500}}
+    rows = []
+    for key, rate in rates.items():
+        setup = setups[key]
+        for run, factor in enumerate((0.9, 1.0, 1.1), 1):
+            rows.append({"system": setup["system"], "settings": peers.settings(setup, handler),
+                         "preset": peers.preset(setup), "workers": setup.get("workers", 1),
+                         "n": setup.get("n", n), "handler": handler, "run": run,
+                         "seconds": n / rate, "jobs_per_sec": rate * factor,
+                         "rss_peak_mib": 50.0})
+    return rows
+
+
+def test_the_findings_are_computed_from_the_medians() -> None:
+    import pandas as pd
+
+    df = pd.DataFrame(_rows("noop", {"jobqueue": 32_000, "jobqueue shared": 33_000,
+                                     "pgqueuer": 6_000, "pgqueuer 2": 6_400,
+                                     "perfTest": 10_000, "graphile 1": 16_000,
+                                     "procrastinate": 250}, 50_000))
+    text = "\n".join(drain_findings(df))
+    assert "jobqueue at its CLI defaults (`jobqueue worker --import jobqueue.bench_handlers`" in (
+        text)
+    assert "32,000 jobs/s): 5.0× PgQueuer's best (batch 500, 2 processes: 6,400 jobs/s)" in text
+    assert ("3.2× graphile-worker's perfTest configuration (concurrency 24, 4 processes, "
+            "perfTest configuration: 10,000 jobs/s)") in text
+    assert "2.0× graphile-worker's best (concurrency 24, 1 process" in text
+    assert "128.0× Procrastinate's best (concurrency 5, 1 process: 250 jobs/s, n = 2,500)" in text
+    # Like for like: the best of each with the same number of processes.
+    assert "With 1 process: jobqueue's best (" in text and "is 2.0× the best other queue" in text
+    assert "With 2 processes: jobqueue's best (`jobqueue worker" in text
+    assert "is 5.2× the best other queue with 2 processes, PgQueuer (batch 500" in text
+    assert "With 4 processes" not in text  # no jobqueue setup had four
+    assert text.endswith("16,000 jobs/s): 2.1×.")  # best against best
+    goals = "\n".join(goal_lines({"noop": df}))
+    assert "at least 3× PgQueuer's best: jobqueue at its CLI defaults (32,000 jobs/s)" in goals
+    assert "is 5.00×: met" in goals and "is 3.20×: met" in goals
+    slow = pd.DataFrame(_rows("write_row", {"jobqueue": 3_000, "graphile 1": 3_200,
+                                            "pgqueuer": 1_700}, 20_000))
+    assert "is 0.94×: not met" in "\n".join(goal_lines({"write_row": slow}))
+    peers_only = slow[slow["system"] != "jobqueue"]
+    assert "not measured in this run" in "\n".join(goal_lines({"process_payment": peers_only}))
+
+
+def test_the_report_renders_each_workload_from_small_csvs(tmp_path: Path) -> None:
+    context = {"cpu": "test", "pgqueuer_version": "1.6.0", "graphile-worker_version": "0.18.0"}
+    full = {"jobqueue": 32_000, "jobqueue shared": 33_000, "pgqueuer": 6_000,
+            "pgqueuer 2": 6_400, "perfTest": 10_000, "procrastinate": 250}
+    for name, handler, n in (("comparison_drain", "noop", 50_000),
+                             ("comparison_write_row", "write_row", 20_000),
+                             ("comparison_process_payment", "process_payment", 20_000)):
+        path = save(_rows(handler, full, n), name, context)
+        path.rename(tmp_path / path.name)
+    text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+    assert "PgQueuer 1.6.0, graphile-worker 0.18.0" in text
+    for heading in ("### Draining 50,000 no-op jobs",
+                    "### Draining 20,000 jobs that INSERT one row (write_row)",
+                    "### Draining 20,000 process_payment jobs"):
+        assert heading in text
+    assert text.count("jobqueue at its CLI defaults (") == 3
+    assert text.count("Best against best") == 3
+    assert "| graphile-worker | concurrency 24, 4 processes, perfTest configuration | 4 |" in text
+    for figure in ("comparison_drain", "comparison_write_row", "comparison_process_payment"):
+        assert (tmp_path / f"{figure}.png").stat().st_size > 0
 
 
 def test_the_report_names_a_checkpoint_only_the_biggest_drain_spans() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from decimal import Decimal
 
 import pytest
 
@@ -32,7 +33,8 @@ async def graphile_url(graphile_installed: None, server_url: str) -> AsyncIterat
 
 @pytest.mark.parametrize(("handler", "workers", "concurrency"),
                          [("noop", 1, 24), ("noop", 2, 4),
-                          ("write_row", 1, 4), ("write_row", 2, 24)])
+                          ("write_row", 1, 4), ("write_row", 2, 24),
+                          ("process_payment", 2, 8)])
 async def test_graphile_drains_every_job_exactly_once(
         graphile_url: str, handler: str, workers: int, concurrency: int) -> None:
     row = await graphile.drain(graphile_url, n=N, workers=workers, concurrency=concurrency,
@@ -49,8 +51,16 @@ async def test_graphile_drains_every_job_exactly_once(
         written = await conn.fetchrow(
             "SELECT count(*) AS rows, count(DISTINCT job_id) AS jobs,"
             " extract(epoch FROM max(written_at) - min(written_at)) AS span FROM bench_rows")
+        paid = await conn.fetchrow("SELECT count(DISTINCT payment_id) AS n,"
+                                   " (SELECT sum(balance) FROM demo_users) AS balances"
+                                   " FROM demo_payments")
     finally:
         await conn.close()
+    if handler == "process_payment":  # each payment once, the balances summing to them
+        assert paid["n"] == N
+        assert paid["balances"] == sum(Decimal(p["amount"]) for p in scenarios.payments(N))
+    else:
+        assert paid["n"] == 0
     if handler == "write_row":
         assert (written["rows"], written["jobs"]) == (N, N)
         # Every write falls inside the drain as timed from its first claim to
@@ -102,6 +112,11 @@ def test_node_connection_strings() -> None:
         "postgresql://postgres@/jobqueue_bench_x?host=%2Fwork%2Frun")
     tcp = "postgresql+asyncpg://bob:p%40ss@db.example:6543/q"
     assert graphile.node_conninfo(tcp) == "postgresql://bob:p%40ss@db.example:6543/q"
+
+
+def test_node_versions_are_read_from_the_machine(graphile_installed: None) -> None:
+    assert (graphile.node_version() or "").startswith("v")
+    assert (graphile.declared_node() or "").startswith(">=")
 
 
 def test_settings_name_the_knobs_and_perftest() -> None:

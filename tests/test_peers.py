@@ -1,5 +1,6 @@
 """The comparison with peer queues, at toy size: real PostgreSQL, real worker
-processes of each peer, real resident-memory readings."""
+processes of each peer (and of jobqueue, started as the README starts it),
+real resident-memory readings, real writes checked row by row."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from jobqueue import db
 from jobqueue.benchmarks import peers, rss, save, scenarios
 from jobqueue.benchmarks.report import render
 from jobqueue.testing import wait_for
+from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 
 TIMEOUT = 60
 
@@ -114,13 +117,114 @@ async def test_jobqueue_drains_report_memory_too(server_url: str) -> None:
 
 
 def test_settings_say_which_knobs_were_turned() -> None:
-    assert peers.settings({"system": "jobqueue", "batch_size": 1000, "workers": 2,
-                           "shared": True}) == "batch 1000, 2 processes (shared)"
+    lanes = f"{DEFAULT_CONCURRENCY} lanes"
+    assert peers.settings({"system": "jobqueue", "flags": []}) == (
+        "CLI defaults, as in the README (`jobqueue worker --import jobqueue.bench_handlers`): "
+        f"{lanes}, batch {DEFAULT_BATCH_SIZE}, INFO logs, 1 process")
+    assert peers.settings({"system": "jobqueue", "flags": ["--shared"], "workers": 2},
+                          "process_payment") == (
+        "(`jobqueue worker --import jobqueue.examples --shared` × 2): "
+        f"{lanes} each, batch {DEFAULT_BATCH_SIZE}, INFO logs, 2 processes (shared)")
+    # The older knobs become the flags they stand for, and the label says them.
+    assert peers.settings({"system": "jobqueue", "batch_size": 50, "concurrency": 1}) == (
+        "(`jobqueue worker --import jobqueue.bench_handlers --batch-size 50 --concurrency 1`): "
+        "1 lane, batch 50, INFO logs, 1 process")
     assert peers.settings({"system": "pgqueuer"}) == "batch 10, 1 process"
     assert peers.settings({"system": "procrastinate", "concurrency": 5}) == (
         "concurrency 5, 1 process")
+    assert peers.settings({"system": "graphile-worker", "workers": 4}) == (
+        "concurrency 24, 4 processes, perfTest configuration")
     with pytest.raises(ValueError, match="unknown system"):
         peers.settings({"system": "celery"})
+
+
+def test_presets_single_out_the_cli_defaults_and_perftest() -> None:
+    assert peers.preset({"system": "jobqueue", "flags": []}) == peers.CLI_DEFAULTS
+    assert peers.preset({"system": "jobqueue"}) == peers.CLI_DEFAULTS
+    assert peers.preset({"system": "jobqueue", "flags": ["--log-level", "WARNING"]}) == ""
+    assert peers.preset({"system": "jobqueue", "flags": ["--shared"], "workers": 2}) == ""
+    assert peers.preset({"system": "graphile-worker", "workers": 4}) == peers.PERFTEST
+    assert peers.preset({"system": "graphile-worker", "workers": 1}) == ""
+    assert peers.preset({"system": "pgqueuer", "batch_size": 10}) == ""
+
+
+async def test_jobqueue_at_its_cli_defaults_drains_and_stops_on_sigterm(
+        server_url: str, tmp_path: Path) -> None:
+    name = f"t{uuid.uuid4().hex[:8]}"
+    async with scenarios.bench_database(name) as url:
+        row = await scenarios.cli_drain(url, n=300, log_dir=tmp_path)
+        conn = await db.connect(url)
+        try:
+            counts = dict(await conn.fetch("SELECT status, count(*) FROM jobs GROUP BY 1"))
+        finally:
+            await conn.close()
+    assert counts == {"completed": 300}  # and the worker exited 0 on SIGTERM, or it raised
+    assert row["argv"] == "--import jobqueue.bench_handlers"  # no other flag: no --burst
+    assert (row["concurrency"], row["batch_size"], row["log_level"]) == (
+        DEFAULT_CONCURRENCY, DEFAULT_BATCH_SIZE, "INFO")
+    assert row["settings"] == peers.settings({"system": "jobqueue", "flags": []})
+    assert row["jobs_per_sec"] > 0 and row["rss_peak_mib"] > 10
+    log = (tmp_path / "drain-0.log").read_text()
+    assert " INFO " in log and "stop requested" in log  # its INFO text logs, to a file
+
+
+async def test_a_cli_drain_fails_at_once_when_a_worker_exits(server_url: str) -> None:
+    name = f"t{uuid.uuid4().hex[:8]}"
+    async with scenarios.bench_database(name) as url:
+        with pytest.raises(RuntimeError, match="exited with 1 before the drain ended"):
+            await scenarios.cli_drain(url, n=10, flags=["--import", "no_such_module"],
+                                      timeout=TIMEOUT)
+
+
+async def test_jobqueue_real_work_writes_exactly_its_rows(server_url: str) -> None:
+    name = f"t{uuid.uuid4().hex[:8]}"
+    async with scenarios.bench_database(name) as url:
+        rows = await scenarios.cli_drain(url, n=200, handler="write_row",
+                                         flags=["--log-level", "WARNING"], workers=2)
+        paid = await scenarios.cli_drain(url, n=300, handler="process_payment")
+        conn = await db.connect(url)
+        try:
+            written = await conn.fetchrow(
+                "SELECT count(*) AS n, sum(amount) AS total FROM demo_payments")
+            # The checks see a payment that went to the wrong balance.
+            await scenarios.check_writes(conn, "process_payment", 300, "jobqueue")
+            await conn.execute("UPDATE demo_users SET balance = balance + 1 WHERE id = 1")
+            with pytest.raises(RuntimeError, match="mismatched 1 != 0"):
+                await scenarios.check_writes(conn, "process_payment", 300, "jobqueue")
+        finally:
+            await conn.close()
+    assert rows["handler"] == "write_row" and rows["workers"] == 2
+    assert paid["argv"] == "--import jobqueue.examples"  # the seed's own handler
+    assert written["n"] == 300
+    assert written["total"] == sum(Decimal(p["amount"]) for p in scenarios.payments(300))
+
+
+@pytest.mark.parametrize(("peer_url", "setting"),
+                         [("pgqueuer", {"batch_size": 50, "workers": 2}),
+                          ("procrastinate", {"concurrency": 4, "workers": 1})],
+                         indirect=["peer_url"])
+async def test_each_peer_pays_each_payment_exactly_once(peer_url: str,
+                                                        setting: dict[str, int]) -> None:
+    system = "pgqueuer" if "batch_size" in setting else "procrastinate"
+    row = await peers.drain(system, peer_url, n=150, handler="process_payment", **setting)
+    assert row["handler"] == "process_payment" and row["n"] == 150
+    conn = await db.connect(peer_url)
+    try:  # drain checked this too (scenarios.check_writes); seen here directly
+        payments = await conn.fetchval("SELECT count(DISTINCT payment_id) FROM demo_payments")
+        balances = await conn.fetchval("SELECT sum(balance) FROM demo_users")
+    finally:
+        await conn.close()
+    assert payments == 150
+    assert balances == sum(Decimal(p["amount"]) for p in scenarios.payments(150))
+
+
+def test_payments_are_positive_unique_and_spread() -> None:
+    made = scenarios.payments(25_000)
+    assert len({p["payment_id"] for p in made}) == 25_000
+    assert min(Decimal(p["amount"]) for p in made) > 0
+    assert len({p["user_id"] for p in made}) == scenarios.PAYMENT_USERS
+    # Jobs side by side (a batch of 1,000 in each of four lanes) pay different users.
+    assert len({p["user_id"] for p in made[:4_000]}) == 4_000
 
 
 async def test_the_report_has_a_peers_section_only_when_it_was_measured(
@@ -141,8 +245,9 @@ async def test_the_report_has_a_peers_section_only_when_it_was_measured(
         text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
         assert "## Throughput" in text and "Beside its peers" not in text  # no CSVs, no section
 
-        setups = [{"system": "jobqueue", "batch_size": 50}, {"system": "pgqueuer"},
-                  {"system": "procrastinate", "concurrency": 2}, {"system": "course design"}]
+        setups = [{"system": "jobqueue", "flags": []}, {"system": "pgqueuer"},
+                  {"system": "procrastinate", "concurrency": 2, "n": 50},
+                  {"system": "course design"}]
         save(await peers.drain_comparison(urls, setups, n=100, repeat=1), "comparison_drain",
              context)
         summaries, samples = await peers.latency_comparison(
@@ -158,11 +263,15 @@ async def test_the_report_has_a_peers_section_only_when_it_was_measured(
             await scenarios.close_bench(name)
 
     text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
-    for heading in ("## Beside its peers", "### Draining 100 jobs", "### Latency under open-loop",
-                    "### Memory over a long drain", "PgQueuer 1.6.0", "| Procrastinate |"):
+    for heading in ("## Beside its peers", "### Draining 100 no-op jobs",
+                    "### Latency under open-loop", "### Memory over a long drain",
+                    "PgQueuer 1.6.0", "| Procrastinate |"):
         assert heading in text
-    assert "jobqueue's best (batch 50, 1 process (exclusive))" in text
-    assert "the course design's" in text
+    assert ("jobqueue at its CLI defaults (`jobqueue worker --import jobqueue.bench_handlers`: "
+            in text)
+    assert "× PgQueuer's best (batch 10, 1 process: " in text
+    assert "jobs/s, n = 50)" in text  # Procrastinate's smaller drain says its n
+    assert "the course design's" in text and "With 1 process: jobqueue's best" in text
     for figure in ("comparison_drain", "comparison_latency", "comparison_latency_cdf",
                    "comparison_memory"):
         assert (tmp_path / f"{figure}.png").stat().st_size > 0

@@ -35,7 +35,11 @@ to perfTest's 24, workers to 1 like the other peers' drains (perfTest runs
 `PERFTEST_PROCESSES`, 4). Each run writes its preset to a `graphile.config.cjs`
 of its own and passes it with `--config`. The tasks (`graphile_tasks/`) are
 this project's: `noop` returns at once; `write_row` inserts one row into
-`bench_rows` through `helpers.query`, the pool graphile-worker lends its tasks.
+`bench_rows` through `helpers.query`, the pool graphile-worker lends its tasks;
+`process_payment` runs the seed's two statements (a balance UPDATE, a payment
+INSERT) in one transaction on one client of that pool
+(`helpers.withPgClient`, with BEGIN and COMMIT as node-postgres's docs show
+a transaction).
 
 **Timing.** graphile-worker deletes a job when it completes and keeps no log,
 so unlike the other peers nothing records a completion time. The drain is
@@ -74,8 +78,11 @@ stays there, for its retry, and graphile's "Failed task" line in a worker's
 log fails the run too, so a job run again after a failure cannot pass). For
 `write_row`, `bench_rows` must hold exactly n rows, for n distinct jobs, all
 among the ids this drain queued: that also catches a job run twice without
-failing. A `noop` job repeated without failing could not be seen (nothing
-records it); `write_row` is the check for that.
+failing. For `process_payment`, the payments and balances must add up as
+`scenarios.check_writes` checks for every system (a payment run twice is
+refused by its primary key, so it fails). A `noop` job repeated without
+failing could not be seen (nothing records it); `write_row` is the check for
+that.
 """
 
 from __future__ import annotations
@@ -99,7 +106,13 @@ import asyncpg
 from jobqueue import db
 from jobqueue.bench import _check_name
 from jobqueue.benchmarks import rss, scenarios
-from jobqueue.benchmarks.peer_worker import HANDLERS, NOOP, PEER_BENCH_TABLE, WRITE_ROW
+from jobqueue.benchmarks.peer_worker import (
+    HANDLERS,
+    NOOP,
+    PEER_BENCH_TABLE,
+    PROCESS_PAYMENT,
+    WRITE_ROW,
+)
 from jobqueue.testing import WorkerProcess
 
 logger = logging.getLogger(__name__)
@@ -177,6 +190,25 @@ def install(folder: Path = INSTALL_DIR) -> Path:
     return folder
 
 
+def node_version() -> str | None:
+    """`node --version` (v20.20.2), or None without node."""
+    node = shutil.which("node")
+    if node is None:
+        return None
+    done = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30)
+    return done.stdout.strip() or None
+
+
+def declared_node(folder: Path = INSTALL_DIR) -> str | None:
+    """The Node versions the installed package declares (`engines.node` of
+    its package.json), to set beside the one it ran on."""
+    manifest = folder / "node_modules" / PACKAGE / "package.json"
+    try:
+        return str(json.loads(manifest.read_text())["engines"]["node"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def available() -> bool:
     """Whether graphile-worker can run here: node and npm on PATH and the
     package installed (installing it now if need be). Otherwise False with a
@@ -234,8 +266,9 @@ async def open_graphile(name: str) -> str:
     """A database of graphile-worker's own (`jobqueue_bench_<name>`,
     replacing any leftover), its schema installed by graphile-worker itself
     (`graphile-worker --schema-only`, as perfTest does), plus `bench_rows`
-    for `write_row`; its URL (SQLAlchemy form, like the other peers'). Pair
-    with `scenarios.close_bench(name)`."""
+    for `write_row` and the demo tables for `process_payment`; its URL
+    (SQLAlchemy form, like the other peers'). Pair with
+    `scenarios.close_bench(name)`."""
     folder = install()
     database = _check_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
     url = await db.create_database(db.database_url(), database, replace=True)
@@ -243,6 +276,7 @@ async def open_graphile(name: str) -> str:
     conn = await db.connect(url, application_name="jobqueue bench")
     try:
         await conn.execute(PEER_BENCH_TABLE)
+        await scenarios.create_demo_tables(conn)
     finally:
         await conn.close()
     logger.info("%s %s installed in %s", SYSTEM, VERSION, database)
@@ -263,12 +297,13 @@ async def graphile_database(name: str) -> AsyncIterator[str]:
 
 #: graphile-worker's own batch API: `add_jobs(job_spec[])` (identifier,
 #: payload, queue_name, run_at, max_attempts, job_key, priority, flags); the
-#: NULLs take its defaults (payload `{}`, no queue, now, 25 attempts).
+#: NULLs take its defaults (payload `{}`, no queue, now, 25 attempts). $2 is
+#: the chunk's payloads, in order (NULL: the default).
 _ADD_JOBS = f"""
     SELECT min(id) AS first, max(id) AS last, count(*) AS added
     FROM {SCHEMA}.add_jobs(array(
-        SELECT ROW($1::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::{SCHEMA}.job_spec
-        FROM generate_series(1, $2::integer)))"""
+        SELECT ROW($1::text, p, NULL, NULL, NULL, NULL, NULL, NULL)::{SCHEMA}.job_spec
+        FROM unnest($2::json[]) WITH ORDINALITY AS u (p, i) ORDER BY i))"""
 
 
 class Filled(NamedTuple):
@@ -280,24 +315,28 @@ class Filled(NamedTuple):
     last: int
 
 
-_VACUUM = (JOBS, f"{SCHEMA}._private_tasks", f"{SCHEMA}._private_job_queues", "bench_rows")
+_VACUUM = (JOBS, f"{SCHEMA}._private_tasks", f"{SCHEMA}._private_job_queues")
 
 
 async def fill(url: str, n: int, handler: str = NOOP) -> Filled:
-    """Empty the jobs table and `bench_rows`, queue n jobs of type `handler`
-    with `add_jobs` in chunks of `FILL_CHUNK`, VACUUM ANALYZE, so every run
-    starts alike. Returns the ids queued (see `Filled`)."""
+    """Empty the jobs table and what the tasks write (`scenarios.reset_writes`),
+    queue n jobs of type `handler` (`process_payment`'s payloads:
+    `scenarios.payments`) with `add_jobs` in chunks of `FILL_CHUNK`, VACUUM
+    ANALYZE, so every run starts alike. Returns the ids queued (see `Filled`)."""
     if handler not in HANDLERS:
         raise ValueError(f"unknown handler {handler!r}; one of {HANDLERS}")
     if n < 1:
         raise ValueError("a drain needs at least one job")
+    payloads: list[str | None] = ([json.dumps(p) for p in scenarios.payments(n)]
+                                  if handler == PROCESS_PAYMENT else [None] * n)
     conn = await db.connect(url, application_name="jobqueue bench")
     try:
-        await conn.execute(f"TRUNCATE {JOBS}, bench_rows")
+        await conn.execute(f"TRUNCATE {JOBS}")
+        await scenarios.reset_writes(conn, handler)
         chunks = []
         for start in range(0, n, FILL_CHUNK):
             count = min(FILL_CHUNK, n - start)
-            row = await conn.fetchrow(_ADD_JOBS, handler, count)
+            row = await conn.fetchrow(_ADD_JOBS, handler, payloads[start:start + count])
             if row["added"] != count:
                 raise RuntimeError(f"add_jobs queued {row['added']} jobs, expected {count}")
             chunks.append((int(row["first"]), int(row["last"])))
@@ -402,6 +441,7 @@ async def _check(conn: asyncpg.Connection, n: int, handler: str, filled: Filled,
         raise RuntimeError(f"{SYSTEM} lost or repeated jobs: {written['rows']} rows written "
                            f"for {written['jobs']} distinct jobs ({written['strays']} not "
                            f"queued by this drain), expected {expected}")
+    await scenarios.check_writes(conn, handler, n, SYSTEM)
 
 
 async def drain(url: str, *, n: int, workers: int = 1,

@@ -12,9 +12,12 @@ own folder off `sys.path`. The database comes from the libpq environment
 variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE), which asyncpg and
 psycopg both read.
 
-Each peer runs the way its documentation shows, with two job types: `noop`,
-and `write_row`, which inserts one row into `bench_rows` (the job's id) the
-way that peer's documentation has a task reach the database:
+Each peer runs the way its documentation shows, with three job types:
+`noop`; `write_row`, which inserts one row into `bench_rows` (the job's id);
+and `process_payment`, the seed's handler (`jobqueue.examples`): add the
+payload's amount to a user's balance in `demo_users` and record the payment
+in `demo_payments`, both in one transaction. Each reaches the database the
+way that peer's documentation has a task do it:
 
 - PgQueuer: `pgqueuer.run(factory, batch_size=…, mode=…)`, the documented way
   to start from Python what `pgq run` starts (the `pgq` command itself crashes
@@ -24,17 +27,25 @@ way that peer's documentation has a task reach the database:
   `QueueExecutionMode.drain`: exit once the queue is empty. `write_row`
   writes through an asyncpg pool (asyncpg's default size, 10) handed to the
   jobs as a shared resource (`PgQueuer(..., resources=...)`, the job's
-  `Context`), as its docs advise for pools and clients.
+  `Context`), as its docs advise for pools and clients. `process_payment`
+  takes a connection from that pool for one transaction, asyncpg's own
+  pattern (`async with pool.acquire() as c, c.transaction():`).
 - Procrastinate: `App(connector=PsycopgConnector(…))` with an async task,
   `app.run_worker_async(concurrency=N, wait=not drain)`. The pool holds
   concurrency + 1 connections: its docs say that with short jobs the pool
   should hold as many connections as the concurrency, plus one.
   `write_row` (`pass_context=True`) writes through the app's connector,
   `context.app.connector.execute_query_async`, on that same pool.
+  `process_payment` needs two statements in one transaction, which the
+  connector's query methods cannot give: it takes a connection from the
+  connector's psycopg pool (`connector.pool`, the `AsyncConnectionPool` its
+  docs say the connector is built on) and runs them in
+  `conn.transaction()`, psycopg's documented pattern.
 
 Neither peer can put a task's write in the transaction that records the
 job's completion: each write commits on its own, before the job is marked
-done (a crash in between runs the task, and its write, again).
+done (a crash in between runs the task, and its write, again; a payment
+run again is refused by its primary key and fails).
 
 Both stop cleanly on SIGTERM (their own signal handlers).
 """
@@ -44,16 +55,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from decimal import Decimal
+from typing import Any, cast
 
 NOOP = "noop"
 WRITE_ROW = "write_row"
-HANDLERS = (NOOP, WRITE_ROW)
+PROCESS_PAYMENT = "process_payment"
+HANDLERS = (NOOP, WRITE_ROW, PROCESS_PAYMENT)
 #: The table `write_row` fills in each peer's database (their job ids are bigints).
 PEER_BENCH_TABLE = """CREATE TABLE IF NOT EXISTS bench_rows (
     job_id bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())"""
+#: `jobqueue.examples.process_payment`'s two statements, in each driver's
+#: placeholders (asyncpg `$n`, psycopg `%s`).
+CREDIT = "UPDATE demo_users SET balance = balance + $1 WHERE id = $2 RETURNING balance"
+RECORD = "INSERT INTO demo_payments (payment_id, user_id, amount) VALUES ($1, $2, $3)"
+CREDIT_PSYCOPG = "UPDATE demo_users SET balance = balance + %s WHERE id = %s RETURNING balance"
+RECORD_PSYCOPG = "INSERT INTO demo_payments (payment_id, user_id, amount) VALUES (%s, %s, %s)"
 
 
 async def run_pgqueuer(batch_size: int, drain: bool) -> None:
@@ -78,6 +98,16 @@ async def run_pgqueuer(batch_size: int, drain: bool) -> None:
             async def write_row(job: Job, context: Context) -> None:
                 await context.resources["pool"].execute(  # type: ignore[attr-defined]
                     "INSERT INTO bench_rows (job_id) VALUES ($1)", job.id)
+
+            @pgq.entrypoint(PROCESS_PAYMENT, accepts_context=True)
+            async def process_payment(job: Job, context: Context) -> None:
+                payment = json.loads(job.payload or b"{}")
+                user, amount = int(payment["user_id"]), Decimal(payment["amount"])
+                shared = cast(asyncpg.Pool, context.resources["pool"])
+                async with shared.acquire() as c, c.transaction():
+                    if await c.fetchval(CREDIT, amount, user) is None:
+                        raise LookupError(f"no user {user}")
+                    await c.execute(RECORD, payment["payment_id"], user, amount)
 
             yield pgq
         finally:
@@ -105,6 +135,16 @@ def procrastinate_app(concurrency: int, conninfo: str = "") -> Any:
     async def write_row(context: procrastinate.JobContext) -> None:
         await context.app.connector.execute_query_async(
             "INSERT INTO bench_rows (job_id) VALUES (%(id)s)", id=context.job.id)
+
+    @app.task(name=PROCESS_PAYMENT, pass_context=True)
+    async def process_payment(context: procrastinate.JobContext, user_id: int, amount: str,
+                              payment_id: str) -> None:
+        pool = context.app.connector.pool  # type: ignore[attr-defined]
+        async with pool.connection() as conn, conn.transaction():
+            credited = await conn.execute(CREDIT_PSYCOPG, (Decimal(amount), user_id))
+            if await credited.fetchone() is None:
+                raise LookupError(f"no user {user_id}")
+            await conn.execute(RECORD_PSYCOPG, (payment_id, user_id, Decimal(amount)))
 
     return app
 

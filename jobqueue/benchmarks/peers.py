@@ -1,5 +1,6 @@
-"""jobqueue beside its peers: PgQueuer, Procrastinate and the course's design,
-measured the same way on the same server, one after another in one run.
+"""jobqueue beside its peers: PgQueuer, Procrastinate, graphile-worker
+(`graphile`, a Node.js package) and the course's design, measured the same
+way on the same server, one after another in one run.
 
 Each peer gets a database of its own (`jobqueue_bench_<name>`) with its schema
 installed through its own API, and runs as a real worker process
@@ -22,9 +23,13 @@ a millisecond.
 Three measurements, each returning plain rows like `scenarios.drain` and
 `scenarios.open_loop` plus `system` and `settings` columns:
 
-- `drain`: N no-op jobs already queued, W worker processes; throughput from
-  the first claim to the last recorded completion, every job checked done,
-  each process's resident memory sampled (`rss`).
+- `drain`: N jobs already queued, W worker processes; throughput from the
+  first claim to the last recorded completion, every job checked done, each
+  process's resident memory sampled (`rss`). The jobs are no-ops, or do real
+  work: `write_row` (one INSERT) or `process_payment` (the seed's UPDATE of a
+  balance and INSERT of a payment, in one transaction), each peer's task
+  writing the way its docs show (`peer_worker`); every job's rows are checked
+  (`scenarios.check_writes`).
 - `open_loop`: jobs enqueued one by one, each in its own transaction, at
   scheduled times, over an asyncpg pool: PgQueuer's own `Queries.enqueue`,
   Procrastinate's own defer statement (the SQL function `Task.defer_async`
@@ -34,14 +39,22 @@ Three measurements, each returning plain rows like `scenarios.drain` and
 
 `drain_comparison`, `latency_comparison` and `memory_comparison` run a list of
 setups (dicts: `{"system": "pgqueuer", "batch_size": 500, "workers": 2}`) for
-the notebook, jobqueue and the course's design included.
+the notebook, jobqueue and the course's design included. A jobqueue setup is
+the worker's command line: `{"system": "jobqueue", "flags": [], "workers": 1}`
+is `jobqueue worker --import MODULE` exactly as the README starts it
+(`scenarios.cli_drain`); its label is built from those arguments
+(`scenarios.worker_label`). A setup may carry its own `n` (Procrastinate's
+few hundred jobs/s want a smaller drain than the others); every row says
+which n it drained.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
+import shlex
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -51,24 +64,28 @@ import asyncpg
 
 from jobqueue import db
 from jobqueue.bench import _check_name
-from jobqueue.benchmarks import rss, scenarios
-from jobqueue.benchmarks.peer_worker import HANDLERS, NOOP, PEER_BENCH_TABLE, WRITE_ROW
+from jobqueue.benchmarks import graphile, rss, scenarios
+from jobqueue.benchmarks.peer_worker import HANDLERS, NOOP, PEER_BENCH_TABLE, PROCESS_PAYMENT
 from jobqueue.testing import WorkerProcess, wait_for
-from jobqueue.worker import DEFAULT_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
 
 PEER_WORKER = Path(__file__).with_name("peer_worker.py")
-SYSTEMS = ("jobqueue", "pgqueuer", "procrastinate", "course design")
-PEERS = ("pgqueuer", "procrastinate")
+GRAPHILE = graphile.SYSTEM
+SYSTEMS = ("jobqueue", "pgqueuer", "procrastinate", GRAPHILE, "course design")
+PEERS = ("pgqueuer", "procrastinate", GRAPHILE)
 FILL_CHUNK = 10_000
-#: What each peer package is called, for its version in the results.
+#: What each Python peer package is called, for its version in the results.
 PACKAGES = {"pgqueuer": "pgqueuer", "procrastinate": "procrastinate"}
 
 
 def available(system: str) -> bool:
-    """Whether a peer is installed (`make setup` installs the `peers` extra);
-    jobqueue and the course's design always are."""
+    """Whether a peer can run here: a Python peer installed (`make setup`
+    installs the `peers` extra), graphile-worker with node and npm on PATH
+    (`graphile.available`, one warning line otherwise); jobqueue and the
+    course's design always."""
+    if system == GRAPHILE:
+        return graphile.available()
     package = PACKAGES.get(system)
     return package is None or importlib.util.find_spec(package) is not None
 
@@ -81,6 +98,9 @@ def versions() -> dict[str, str]:
     for system, package in PACKAGES.items():
         with contextlib.suppress(PackageNotFoundError):
             found[f"{system}_version"] = version(package)
+    if graphile.available():
+        found[f"{GRAPHILE}_version"] = graphile.VERSION
+        found["node"] = graphile.node_version() or "?"
     return found
 
 
@@ -147,10 +167,15 @@ class _Peer:
         await self.enqueue_many(url, n, handler)
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
-            for table in (*self.vacuum, "bench_rows"):
+            for table in self.vacuum:
                 await conn.execute(f"VACUUM ANALYZE {table}")
         finally:
             await conn.close()
+
+    async def _tables(self, conn: asyncpg.Connection) -> None:
+        """The tables the tasks write, beside the peer's own schema."""
+        await conn.execute(PEER_BENCH_TABLE)
+        await scenarios.create_demo_tables(conn)
 
     @contextlib.asynccontextmanager
     async def producer(self, url: str, connections: int
@@ -171,7 +196,7 @@ class _PgQueuer(_Peer):
     guide says to run after installing)."""
 
     system = "pgqueuer"
-    truncate = "TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics, bench_rows"
+    truncate = "TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics"
     vacuum = ("pgqueuer", "pgqueuer_log")
     drain_sql = """
         SELECT count(*) FILTER (WHERE status = 'successful') AS completed,
@@ -193,7 +218,7 @@ class _PgQueuer(_Peer):
             queries = Queries.from_asyncpg_connection(conn)
             await queries.install()
             await queries.optimize_autovacuum()
-            await conn.execute(PEER_BENCH_TABLE)
+            await self._tables(conn)
         finally:
             await conn.close()
 
@@ -202,12 +227,16 @@ class _PgQueuer(_Peer):
         and its log hold exactly what its producers would write."""
         from pgqueuer import Queries
 
+        payloads: list[bytes | None] = (
+            [json.dumps(p).encode() for p in scenarios.payments(n)]
+            if handler == PROCESS_PAYMENT else [None] * n)
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
             queries = Queries.from_asyncpg_connection(conn)
             for start in range(0, n, FILL_CHUNK):
                 count = min(FILL_CHUNK, n - start)
-                await queries.enqueue([handler] * count, [None] * count, [0] * count)
+                await queries.enqueue([handler] * count, payloads[start:start + count],
+                                      [0] * count)
         finally:
             await conn.close()
 
@@ -230,7 +259,7 @@ class _Procrastinate(_Peer):
 
     system = "procrastinate"
     truncate = ("TRUNCATE procrastinate_jobs, procrastinate_events, "
-                "procrastinate_periodic_defers, procrastinate_workers, bench_rows")
+                "procrastinate_periodic_defers, procrastinate_workers")
     vacuum = ("procrastinate_jobs", "procrastinate_events")
     drain_sql = """
         SELECT count(*) FILTER (WHERE status = 'succeeded') AS completed,
@@ -262,16 +291,17 @@ class _Procrastinate(_Peer):
             await app.schema_manager.apply_schema_async()
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
-            await conn.execute(PEER_BENCH_TABLE)
+            await self._tables(conn)
         finally:
             await conn.close()
 
     async def enqueue_many(self, url: str, n: int, handler: str) -> None:
         """`Task.batch_defer_async` (one statement per chunk)."""
+        arguments = scenarios.payments(n) if handler == PROCESS_PAYMENT else [{}] * n
         async with self._app(url, 2) as app:
             task = app.tasks[handler]
             for start in range(0, n, FILL_CHUNK):
-                await task.batch_defer_async(*([{}] * min(FILL_CHUNK, n - start)))
+                await task.batch_defer_async(*arguments[start:start + FILL_CHUNK])
 
     def enqueue_one(self, pool: asyncpg.Pool) -> Callable[[], Awaitable[Any]]:
         """The statement `Task.defer_async()` sends (its `defer_jobs` query:
@@ -291,7 +321,7 @@ _PEERS: dict[str, _Peer] = {"pgqueuer": _PgQueuer(), "procrastinate": _Procrasti
 
 def _peer(system: str) -> _Peer:
     if system not in _PEERS:
-        raise ValueError(f"unknown peer {system!r}; one of {sorted(_PEERS)}")
+        raise ValueError(f"unknown Python peer {system!r}; one of {sorted(_PEERS)}")
     if not available(system):
         raise ModuleNotFoundError(f"{system} is not installed: `make setup` installs the "
                                   "`peers` extra (pip install -e '.[peers]')")
@@ -303,8 +333,11 @@ def _peer(system: str) -> _Peer:
 
 async def open_peer(system: str, name: str) -> str:
     """A database of the peer's own (`jobqueue_bench_<name>`, replacing any
-    leftover) with its schema installed through its own API; its URL. Pair
-    with `scenarios.close_bench(name)`."""
+    leftover) with its schema installed through its own API (graphile-worker:
+    its CLI, `graphile.open_graphile`) and the tables the tasks write; its
+    URL. Pair with `scenarios.close_bench(name)`."""
+    if system == GRAPHILE:
+        return await graphile.open_graphile(name)
     peer = _peer(system)
     database = _check_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
     url = await db.create_database(db.database_url(), database, replace=True)
@@ -323,27 +356,25 @@ async def peer_database(system: str, name: str) -> AsyncIterator[str]:
         await scenarios.close_bench(name)
 
 
-async def _reset(url: str, peer: _Peer) -> None:
+async def _reset(url: str, peer: _Peer, handler: str) -> None:
     conn = await db.connect(url, application_name="jobqueue bench")
     try:
         await conn.execute(peer.truncate)
+        await scenarios.reset_writes(conn, handler)
     finally:
         await conn.close()
 
 
 async def fill(system: str, url: str, n: int, handler: str = NOOP) -> None:
-    """Empty the peer's tables, then queue n jobs of type `handler` (`noop`,
-    `write_row`) through its own batch API and VACUUM ANALYZE, so every run
-    starts from the same state."""
+    """Empty the peer's tables and what the tasks write, then queue n jobs of
+    type `handler` (`noop`, `write_row`, `process_payment` with
+    `scenarios.payments` as arguments) through its own batch API and VACUUM
+    ANALYZE, so every run starts from the same state."""
     if handler not in HANDLERS:
         raise ValueError(f"unknown peer handler {handler!r}; one of {HANDLERS}")
     peer = _peer(system)
-    await _reset(url, peer)
+    await _reset(url, peer, handler)
     await peer.fill(url, n, handler)
-
-
-#: Rows `write_row` wrote, and for how many distinct jobs.
-_WRITTEN = "SELECT count(*) AS rows, count(DISTINCT job_id) AS jobs FROM bench_rows"
 
 
 def _process(url: str, system: str, log: Path, *args: str) -> WorkerProcess:
@@ -351,23 +382,63 @@ def _process(url: str, system: str, log: Path, *args: str) -> WorkerProcess:
                          env=libpq_env(url))
 
 
-def settings(setup: Mapping[str, Any]) -> str:
-    """A setup as the tables show it: the knobs that were turned."""
+# -- setups and their labels -------------------------------------------------------
+
+
+def jobqueue_flags(setup: Mapping[str, Any]) -> list[str]:
+    """A jobqueue setup's worker flags: its `flags`, or the knobs it names
+    (`batch_size`, `concurrency`, `shared`) as flags; none means the CLI's
+    defaults."""
+    if "flags" in setup:
+        return [str(f) for f in setup["flags"]]
+    flags = []
+    for key, flag in (("batch_size", "--batch-size"), ("concurrency", "--concurrency")):
+        if key in setup:
+            flags += [flag, str(setup[key])]
+    return flags + (["--shared"] if setup.get("shared") else [])
+
+
+def _graphile_concurrency(setup: Mapping[str, Any]) -> int:
+    return int(setup.get("concurrency", graphile.PERFTEST_CONCURRENCY))
+
+
+def settings(setup: Mapping[str, Any], handler: str = NOOP) -> str:
+    """A setup as the tables show it: the knobs that were turned (for
+    jobqueue, the label `scenarios.worker_label` builds from the command line
+    the setup gives its workers)."""
     system = setup["system"]
     workers = int(setup.get("workers", 1))
     procs = f"{workers} process{'es' if workers > 1 else ''}"
     if system == "jobqueue":
-        mode = "shared" if setup.get("shared") else "exclusive"
-        lanes = int(setup.get("concurrency", 1))
-        extra = f", {lanes} lanes" if lanes > 1 else ""
-        return f"batch {setup.get('batch_size', DEFAULT_BATCH_SIZE)}{extra}, {procs} ({mode})"
+        argv = scenarios.worker_argv(handler, *jobqueue_flags(setup))
+        return scenarios.worker_label(argv, workers)
     if system == "pgqueuer":
         return f"batch {setup.get('batch_size', 10)}, {procs}"
     if system == "procrastinate":
         return f"concurrency {setup.get('concurrency', 1)}, {procs}"
+    if system == GRAPHILE:
+        return graphile.settings(workers, _graphile_concurrency(setup))
     if system == "course design":
         return "a transaction per job, ORM, in-process"
     raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
+
+
+#: The `preset` column's names for the two setups the findings single out.
+CLI_DEFAULTS = "CLI defaults"
+PERFTEST = "perfTest"
+
+
+def preset(setup: Mapping[str, Any]) -> str:
+    """`CLI_DEFAULTS` for jobqueue started with no flag, `PERFTEST` for
+    graphile-worker in its perfTest configuration (processes and concurrency
+    both perfTest's), else empty."""
+    system, workers = setup["system"], int(setup.get("workers", 1))
+    if system == "jobqueue" and not jobqueue_flags(setup) and workers == 1:
+        return CLI_DEFAULTS
+    if system == GRAPHILE and (workers, _graphile_concurrency(setup)) == (
+            graphile.PERFTEST_PROCESSES, graphile.PERFTEST_CONCURRENCY):
+        return PERFTEST
+    return ""
 
 
 # -- drain -------------------------------------------------------------------------
@@ -376,11 +447,12 @@ def settings(setup: Mapping[str, Any]) -> str:
 async def drain(system: str, url: str, *, n: int, workers: int = 1, batch_size: int = 10,
                 concurrency: int = 1, handler: str = NOOP, timeout: float = 900.0,
                 log_dir: Path | None = None) -> dict[str, Any]:
-    """One drain of a peer: fill n jobs of type `handler`, start `workers`
-    worker processes in the peer's drain mode, wait for them to exit;
-    throughput from the first claim to the last completion the peer recorded,
-    and each process's RSS. Raises RuntimeError unless every job completed
-    exactly once (and, for `write_row`, wrote exactly one row)."""
+    """One drain of a Python peer: fill n jobs of type `handler`, start
+    `workers` worker processes in the peer's drain mode, wait for them to
+    exit; throughput from the first claim to the last completion the peer
+    recorded, and each process's RSS. Raises RuntimeError unless every job
+    completed exactly once and wrote exactly its rows
+    (`scenarios.check_writes`)."""
     row, _ = await _drain(system, url, n=n, workers=workers, batch_size=batch_size,
                           concurrency=concurrency, handler=handler, timeout=timeout,
                           log_dir=log_dir)
@@ -404,22 +476,18 @@ async def _drain(system: str, url: str, *, n: int, workers: int, batch_size: int
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
             row = await conn.fetchrow(peer.drain_sql)
-            written = await conn.fetchrow(_WRITTEN)
+            if (row["completed"], row["distinct_completed"], row["total"],
+                    row["left_in_queue"]) != (n, n, n, 0):
+                raise RuntimeError(
+                    f"{system} lost or repeated jobs: {row['completed']} completions of "
+                    f"{row['distinct_completed']} distinct jobs, {row['total']} queued, "
+                    f"{row['left_in_queue']} left, expected {n}")
+            await scenarios.check_writes(conn, handler, n, system)
         finally:
             await conn.close()
     finally:
         for p in procs:
             p.close()
-    if (row["completed"], row["distinct_completed"], row["total"], row["left_in_queue"]) != (
-            n, n, n, 0):
-        raise RuntimeError(
-            f"{system} lost or repeated jobs: {row['completed']} completions of "
-            f"{row['distinct_completed']} distinct jobs, {row['total']} queued, "
-            f"{row['left_in_queue']} left, expected {n}")
-    expected_rows = n if handler == WRITE_ROW else 0
-    if (written["rows"], written["jobs"]) != (expected_rows, expected_rows):
-        raise RuntimeError(f"{system} wrote {written['rows']} rows for {written['jobs']} "
-                           f"jobs, expected {expected_rows}")
     first, last = float(row["first"]), float(row["last"])
     seconds = last - first
     result = {"system": system, "settings": settings(setup), "n": n, "workers": workers,
@@ -492,47 +560,58 @@ async def _completed(conn: asyncpg.Connection, peer: _Peer, after_id: int, count
 
 
 def _runnable(setups: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    kept = [s for s in setups if available(s["system"])]
-    for s in setups:
-        if s not in kept:
+    """The setups whose system can run here; one warning per missing system
+    (graphile-worker's `available` says itself what it lacks)."""
+    can = {system: available(system) for system in dict.fromkeys(s["system"] for s in setups)}
+    for system, ok in can.items():
+        if not ok and system != GRAPHILE:
             logger.warning("%s is not installed (`make setup` installs the peers): skipped",
-                           s["system"])
-    return kept
+                           system)
+    return [s for s in setups if can[s["system"]]]
 
 
-async def drain_setup(urls: Mapping[str, str], setup: Mapping[str, Any], *, n: int
-                      ) -> dict[str, Any]:
-    """One drain of any system: jobqueue (`scenarios.drain`, RSS sampled),
-    a peer (`drain`) or the course's design (in this process, timed by its
-    own client clock: it has no worker process of its own)."""
+async def drain_setup(urls: Mapping[str, str], setup: Mapping[str, Any], *, n: int,
+                      handler: str = NOOP) -> dict[str, Any]:
+    """One drain of any system, `setup.get("n", n)` jobs of type `handler`:
+    jobqueue (`scenarios.cli_drain`: its CLI with the setup's flags, RSS
+    sampled), a Python peer (`drain`), graphile-worker (`graphile.drain`) or
+    the course's design (no-op jobs only; in this process, timed by its own
+    client clock: it has no worker process of its own)."""
     system = setup["system"]
-    label = {"system": system, "settings": settings(setup)}
+    n = int(setup.get("n", n))
+    workers = int(setup.get("workers", 1))
+    label = {"system": system, "settings": settings(setup, handler), "preset": preset(setup)}
     if system == "jobqueue":
-        row = await scenarios.drain(
-            urls["jobqueue"], n=n, batch_size=int(setup.get("batch_size", DEFAULT_BATCH_SIZE)),
-            workers=int(setup.get("workers", 1)), shared=bool(setup.get("shared", False)),
-            concurrency=int(setup.get("concurrency", 1)), memory=True)
-        return {**label, **row}
-    if system == "course design":
+        row = await scenarios.cli_drain(urls["jobqueue"], n=n, handler=handler,
+                                        flags=jobqueue_flags(setup), workers=workers)
+    elif system == "course design":
+        if handler != NOOP:
+            raise ValueError("the course design runs no-op jobs only")
         (row,) = await scenarios.course_drains(urls["jobqueue"], n=n, repeat=1)
         row.pop("run", None)
-        return {**row, **label, "workers": 1}
-    return await drain(system, urls[system], n=n, workers=int(setup.get("workers", 1)),
-                       batch_size=int(setup.get("batch_size", 10)),
-                       concurrency=int(setup.get("concurrency", 1)))
+        row["workers"] = 1
+    elif system == GRAPHILE:
+        row = await graphile.drain(urls[GRAPHILE], n=n, workers=workers, handler=handler,
+                                   concurrency=_graphile_concurrency(setup))
+    else:
+        row = await drain(system, urls[system], n=n, workers=workers, handler=handler,
+                          batch_size=int(setup.get("batch_size", 10)),
+                          concurrency=int(setup.get("concurrency", 1)))
+    return {**row, **label}
 
 
 async def drain_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]], *,
-                           n: int, repeat: int) -> list[dict[str, Any]]:
-    """Every setup drains n jobs, `repeat` rounds; within a round the setups
-    run one after another, so a slow spell of the machine hits them all
-    rather than one system's runs."""
+                           n: int, repeat: int, handler: str = NOOP) -> list[dict[str, Any]]:
+    """Every setup drains n jobs of type `handler` (or the setup's own `n`),
+    `repeat` rounds; within a round the setups run one after another, so a
+    slow spell of the machine hits them all rather than one system's runs."""
     setups = _runnable(setups)
     rows = []
-    with scenarios.progress(len(setups) * repeat, "drain") as bar:
+    with scenarios.progress(len(setups) * repeat, f"drain ({handler})") as bar:
         for run in range(1, repeat + 1):
             for setup in setups:
-                rows.append({**await drain_setup(urls, setup, n=n), "run": run})
+                rows.append({**await drain_setup(urls, setup, n=n, handler=handler),
+                             "run": run})
                 bar.update()
     return rows
 
@@ -540,8 +619,8 @@ async def drain_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str
 async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]], *,
                              rates: Sequence[float], seconds: float, repeat: int
                              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Open-loop runs of every setup at every rate: summaries, and every
-    job's latencies (ms)."""
+    """Open-loop runs of every setup at every rate (jobqueue and the Python
+    peers): summaries, and every job's latencies (ms)."""
     setups = _runnable(setups)
     summaries, samples = [], []
     with scenarios.progress(len(setups) * len(rates) * repeat, "latency") as bar:
@@ -552,8 +631,10 @@ async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[s
                     if system == "jobqueue":
                         result = await scenarios.open_loop(
                             urls[system], rate=rate, seconds=seconds,
-                            batch_size=int(setup.get("batch_size", 100)))
-                        result["summary"] = {"system": system, "settings": settings(setup),
+                            flags=jobqueue_flags(setup))
+                        argv = shlex.split(result["summary"]["argv"])
+                        result["summary"] = {"system": system,
+                                             "settings": scenarios.worker_label(argv),
                                              **result["summary"]}
                     else:
                         result = await open_loop(
@@ -574,20 +655,21 @@ async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[s
 async def memory_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]]
                             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One long drain per setup (each with its own `n`), RSS sampled: the
-    summaries, and the timelines."""
+    summaries, and the timelines. jobqueue runs as `cli_drain` runs it."""
     setups = _runnable(setups)
     summaries, timelines = [], []
     with scenarios.progress(len(setups), "memory") as bar:
         for setup in setups:
             system, n = setup["system"], int(setup["n"])
             if system == "jobqueue":
-                result = await scenarios.memory_timeline(
-                    urls[system], n=n, batch_size=int(setup.get("batch_size", 100)))
+                result = await scenarios.memory_timeline(urls[system], n=n,
+                                                         flags=jobqueue_flags(setup))
+                label = {"system": system, "settings": result["summary"]["settings"]}
             else:
                 result = await memory_timeline(
                     system, urls[system], n=n, batch_size=int(setup.get("batch_size", 10)),
                     concurrency=int(setup.get("concurrency", 1)))
-            label = {"system": system, "settings": settings(setup)}
+                label = {"system": system, "settings": settings(setup)}
             summaries.append({**result["summary"], **label})
             timelines += [{**label, "n": n, **point} for point in result["timeline"]]
             bar.update()

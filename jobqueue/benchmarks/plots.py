@@ -3,6 +3,8 @@ saves them as PNGs for BENCHMARKS.md. Each takes the DataFrame `load()` gives.""
 
 from __future__ import annotations
 
+import re
+import shlex
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -233,33 +235,54 @@ def recovery_times_plot(times: pd.DataFrame) -> plt.Figure:
 
 #: One colour per system in every comparison figure.
 SYSTEM_COLORS = {"jobqueue": "tab:blue", "pgqueuer": "tab:orange",
-                 "procrastinate": "tab:green", "course design": "tab:gray"}
+                 "procrastinate": "tab:green", "graphile-worker": "tab:purple",
+                 "course design": "tab:gray"}
 SYSTEM_NAMES = {"jobqueue": "jobqueue", "pgqueuer": "PgQueuer",
-                "procrastinate": "Procrastinate", "course design": "course design"}
+                "procrastinate": "Procrastinate", "graphile-worker": "graphile-worker",
+                "course design": "course design"}
+#: What each drain's jobs do, as headings and titles say it.
+WORKLOADS = {"noop": "no-op jobs",
+             "write_row": "jobs that INSERT one row (write_row)",
+             "process_payment": "process_payment jobs (a balance UPDATE and a payment INSERT)"}
+_SETUP = ["system", "settings", "workers", "n"]
 
 
 def _system_order(df: pd.DataFrame) -> list[str]:
     return [s for s in SYSTEM_COLORS if s in set(df["system"])]
 
 
+def workload(df: pd.DataFrame) -> str:
+    """The drains' handler (`noop` for results written before the column existed)."""
+    return str(df["handler"].iloc[0]) if "handler" in df.columns else "noop"
+
+
+def usual_n(df: pd.DataFrame) -> int:
+    """The n most setups drained (the one headings name; others are said)."""
+    return int(df["n"].mode().max())
+
+
 def peer_drain_spread(df: pd.DataFrame) -> pd.DataFrame:
-    """Median, min and max jobs/s per system and settings, with the largest
-    resident memory any worker process reached (where it was sampled), in the
-    order the setups ran."""
-    s = spread(df, ["system", "settings"], "jobs_per_sec")
+    """Median, min and max jobs/s per setup (system, settings, processes, n),
+    with its `preset` and the largest resident memory any worker process
+    reached (where it was sampled), in the order the setups ran."""
+    df = df.assign(preset=df["preset"].fillna("") if "preset" in df.columns else "")
+    s = spread(df, _SETUP, "jobs_per_sec")
+    extra = df.groupby(_SETUP).agg(preset=("preset", "first"))
     if "rss_peak_mib" in df.columns:
-        peak = df.groupby(["system", "settings"])["rss_peak_mib"].max().rename("rss_peak_mib")
-        s = s.merge(peak.reset_index(), on=["system", "settings"], how="left")
-    order = {key: i for i, key in enumerate(dict.fromkeys(zip(df["system"], df["settings"],
-                                                              strict=True)))}
-    s["order"] = [order[(a, b)] for a, b in zip(s["system"], s["settings"], strict=True)]
+        extra["rss_peak_mib"] = df.groupby(_SETUP)["rss_peak_mib"].max()
+    s = s.merge(extra.reset_index(), on=_SETUP, how="left")
+    keys = list(zip(*(df[c] for c in _SETUP), strict=True))
+    order = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    s["order"] = [order[k] for k in zip(*(s[c] for c in _SETUP), strict=True)]
     return s.sort_values("order").drop(columns="order").reset_index(drop=True)
 
 
 def peer_drain_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Drain throughput of every setup: median jobs/s (min–max) and the peak RSS."""
+    """Drain throughput of every setup: processes, jobs drained, median jobs/s
+    (min–max over the rounds) and the peak RSS."""
     s = peer_drain_spread(df)
     table = pd.DataFrame({"system": s["system"].map(SYSTEM_NAMES), "settings": s["settings"],
+                          "processes": s["workers"], "n": s["n"],
                           f"{RATE} (min–max)": s.apply(_range, axis=1), "runs": s["runs"]})
     if "rss_peak_mib" in s.columns:
         table["peak RSS (MiB)"] = s["rss_peak_mib"].map(
@@ -276,24 +299,57 @@ def peer_best_table(df: pd.DataFrame) -> pd.DataFrame:
     best = best.sort_values("o").reset_index(drop=True)
     ours = best[best["system"] == "jobqueue"]["median"]
     return pd.DataFrame({"system": best["system"].map(SYSTEM_NAMES),
-                         "best setting": best["settings"],
-                         f"{RATE} (median)": best["median"].round(0),
+                         "best setting": best["settings"], "processes": best["workers"],
+                         "n": best["n"], f"{RATE} (median)": best["median"].round(0),
                          "jobqueue's best ÷ this": (ours.iloc[0] / best["median"]).round(2)
                          if len(ours) else float("nan")})
+
+
+_JOBQUEUE_LABEL = re.compile(
+    r"^(?:CLI defaults, as in the README )?\(`jobqueue worker (?P<argv>[^`]*)`"
+    r"(?P<times> × \d+)?\): (?P<rest>.*)$")
+
+
+def short_settings(settings: str) -> str:
+    """A jobqueue label without its command line, for a figure's axis
+    (`scenarios.worker_label`'s `(`jobqueue worker --import m --shared` × 2): …`
+    → `--shared × 2: …`; no flag but `--import`: `CLI defaults: …`). Other
+    systems' labels are short already."""
+    match = _JOBQUEUE_LABEL.match(settings)
+    if match is None:
+        return settings
+    words = shlex.split(match["argv"])
+    flags = [w for i, w in enumerate(words)
+             if w != "--import" and (i == 0 or words[i - 1] != "--import")]
+    return f"{shlex.join(flags) or 'CLI defaults'}{match['times'] or ''}: {match['rest']}"
+
+
+def plain_settings(settings: str) -> str:
+    """A jobqueue label as a sentence quotes it: the command line and what it
+    runs with, without the "CLI defaults, as in the README" the sentence says
+    itself (`jobqueue worker --import m` × 2: 2 lanes each, …). Other systems'
+    labels unchanged."""
+    match = _JOBQUEUE_LABEL.match(settings)
+    if match is None:
+        return settings
+    return f"`jobqueue worker {match['argv']}`{match['times'] or ''}: {match['rest']}"
 
 
 def peer_drain_plot(df: pd.DataFrame) -> plt.Figure:
     """A bar per setup (median jobs/s, min–max whiskers), log scale: the
     systems span two orders of magnitude."""
     s = peer_drain_spread(df).iloc[::-1].reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(s) + 1.2))
-    labels = [f"{SYSTEM_NAMES[a]}: {b}" for a, b in zip(s["system"], s["settings"], strict=True)]
+    usual = usual_n(df)
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(s) + 1.3))
+    labels = [f"{SYSTEM_NAMES[a]}: {short_settings(b)}" + (f" (n = {n:,})" if n != usual else "")
+              for a, b, n in zip(s["system"], s["settings"], s["n"], strict=True)]
     ax.barh(range(len(s)), s["median"], color=[SYSTEM_COLORS[x] for x in s["system"]],
             xerr=[s["median"] - s["min"], s["max"] - s["median"]], capsize=3)
-    ax.set_yticks(range(len(s)), labels, fontsize=8)
+    ax.set_yticks(range(len(s)), labels, fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel(f"drain throughput ({RATE}, median of runs, min–max)")
-    ax.set_title(f"Draining {int(df['n'].iloc[0]):,} no-op jobs, same server")
+    ax.set_title(f"Draining {usual:,} {WORKLOADS.get(workload(df), workload(df))}, same server",
+                 fontsize=10)
     ax.grid(True, axis="x", which="both", alpha=0.3)
     fig.tight_layout()
     return fig

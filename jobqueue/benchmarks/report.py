@@ -217,75 +217,198 @@ def _recovery(results: Path) -> str:
     ])
 
 
+#: The comparison's drain results, one file per workload (what the jobs do).
+COMPARISON_DRAINS = (("comparison_drain", "noop"), ("comparison_write_row", "write_row"),
+                     ("comparison_process_payment", "process_payment"))
+#: Setups the findings single out (`peers.preset`'s values).
+CLI_DEFAULTS, PERFTEST = "CLI defaults", "perfTest"
+#: The Python and Node.js queues jobqueue is measured against (not the course design).
+QUEUES = ("pgqueuer", "procrastinate", "graphile-worker")
+
+
 def _peers(results: Path) -> str:
-    """jobqueue beside PgQueuer, Procrastinate and the course's design
-    (`comparison.ipynb`): drain, then latency and memory where measured."""
+    """jobqueue beside PgQueuer, Procrastinate, graphile-worker and the
+    course's design (`comparison.ipynb`): drains of no-op and of real-work
+    jobs, then latency and memory where measured."""
     df, context = load("comparison_drain", results)
     versions = ", ".join(f"{plots.SYSTEM_NAMES[k.removesuffix('_version')]} {v}"
                          for k, v in context.items() if k.endswith("_version"))
     lines = [
-        "## Beside its peers: PgQueuer, Procrastinate and the course's design", "",
-        f"Same server, one run, the same no-op job ({versions or 'peer versions unknown'}). "
-        "Each peer runs as real worker processes configured as its documentation advises: "
-        "PgQueuer at its default durability (`durable`, every table logged) with its "
-        "recommended autovacuum settings (`pgq autovac`), a dedicated asyncpg connection per "
-        "worker; Procrastinate with the psycopg connector, an async task and a pool of "
-        "concurrency + 1 connections. Throughput and latency come from the timestamps each "
-        "system writes in its own tables on PostgreSQL's clock (claimed: `jobs.started_at`, "
-        "PgQueuer's `picked` log row, Procrastinate's `started` event; completion recorded: "
-        "`jobs.completed_at`, `successful`, `succeeded`). The course's design runs in the "
+        "## Beside its peers: PgQueuer, Procrastinate, graphile-worker and the course's design",
+        "",
+        f"Same server, one run ({versions or 'peer versions unknown'}). Each peer runs as real "
+        "worker processes configured as its documentation advises: PgQueuer at its default "
+        "durability (`durable`, every table logged) with its recommended autovacuum settings "
+        "(`pgq autovac`), a dedicated asyncpg connection per worker; Procrastinate with the "
+        "psycopg connector, an async task and a pool of concurrency + 1 connections; "
+        "graphile-worker (Node.js) in the configuration of its own benchmark, perfTest (4 "
+        "processes × 24 concurrent jobs, a local queue of 500, completions batched), and in "
+        "one process with the same options. jobqueue runs as the README starts it, "
+        "`jobqueue worker --import MODULE` with no other flag (its INFO logs go to a file, "
+        "as to a terminal), stopped with SIGTERM once the jobs are done; every label is built "
+        "from the arguments the processes were given. Besides no-op jobs, two kinds of real "
+        "work, the same in every system: `write_row` INSERTs one row; `process_payment` (the "
+        "seed's handler) UPDATEs a user's balance and INSERTs the payment in one transaction. "
+        "Each peer's task writes through a pool of its own, as its docs show (PgQueuer an "
+        "asyncpg pool passed as a shared resource, Procrastinate its connector's pool, "
+        "graphile-worker `helpers.query` and `helpers.withPgClient`); jobqueue's handlers "
+        "write through the session it hands them, in the batch's transaction. Every drain "
+        "checks that each job ran once and wrote exactly its rows. Throughput comes from the "
+        "timestamps each system writes on PostgreSQL's clock (claimed: `jobs.started_at`, "
+        "PgQueuer's `picked` log row, Procrastinate's `started` event, graphile-worker's "
+        "`locked_at`; completion recorded: `jobs.completed_at`, `successful`, `succeeded`; "
+        "graphile-worker keeps no record of a completion, so its drain ends at the first "
+        "10 ms sample that finds its jobs table empty). The course's design runs in the "
         "notebook's process, timed by its client clock.", "",
-        *_peers_drain(df, results),
     ]
+    for name, _ in COMPARISON_DRAINS:
+        if (results / f"{name}.csv").exists():
+            lines += [*_peers_drain(load(name, results)[0], results, name), ""]
     if (results / "comparison_latency.csv").exists():
-        lines += ["", *_peers_latency(results)]
+        lines += [*_peers_latency(results), ""]
     if (results / "comparison_memory.csv").exists():
-        lines += ["", *_peers_memory(results)]
-    return "\n".join(lines)
+        lines += _peers_memory(results)
+    return "\n".join(lines).rstrip("\n")
 
 
-def _peers_drain(df: pd.DataFrame, results: Path) -> list[str]:
+def _peers_drain(df: pd.DataFrame, results: Path, name: str) -> list[str]:
     spread = plots.peer_drain_spread(df)
-    best = spread.loc[spread.groupby("system")["median"].idxmax()].set_index("system")
-    best = best.loc[[s for s in plots.SYSTEM_COLORS if s in best.index]]
+    handler = plots.workload(df)
     rounds = int(spread["runs"].max())
     lines = [
-        f"### Draining {int(df['n'].iloc[0]):,} jobs", "",
-        f"Jobs already queued; workers in each system's drain mode; median jobs/s of "
-        f"{rounds} round{'s' if rounds > 1 else ''} (min–max), every setup once per round. "
-        "Peak RSS is the largest resident memory any of the setup's worker processes reached.",
-        "",
+        f"### Draining {plots.usual_n(df):,} {plots.WORKLOADS.get(handler, handler)}", "",
+        f"Jobs already queued; median jobs/s of {rounds} round{'s' if rounds > 1 else ''} "
+        "(min–max), every setup once per round, one after another. `n` is the number of jobs "
+        "each drain ran: the systems that commit once per job drain fewer, so that a run lasts "
+        "seconds rather than minutes. Peak RSS is the largest resident memory any of the "
+        "setup's worker processes reached.", "",
         plots.markdown(plots.peer_drain_table(df)), "",
-        _figure(plots.peer_drain_plot(df), "comparison_drain", results), "",
+        _figure(plots.peer_drain_plot(df), name, results), "",
+        *drain_findings(df),
     ]
-    if "jobqueue" in best.index:
-        ours = best.loc["jobqueue"]
-        others = [f"{ours['median'] / row['median']:,.1f}× "
-                  + (f"the course design's ({row['median']:,.0f} jobs/s)"
-                     if system == "course design" else
-                     f"{plots.SYSTEM_NAMES[system]}'s best ({row['settings']}: "
-                     f"{row['median']:,.0f} jobs/s)")
-                  for system, row in best.iterrows() if system != "jobqueue"]
-        if others:
-            lines.append(f"jobqueue's best ({ours['settings']}) drained {ours['median']:,.0f} "
-                         f"jobs/s: {', '.join(others)}, measured in the same run.")
-    at = spread.set_index("settings")["median"]
-    defaults = {"jobqueue": "batch 100, 1 process (exclusive)", "pgqueuer": "batch 10, 1 process",
-                "procrastinate": "concurrency 1, 1 process"}
-    if all(v in at.index for v in defaults.values()):
-        lines.append(
-            f"At their defaults (jobqueue batch 100, PgQueuer batch 10, Procrastinate "
-            f"concurrency 1, one process each): {at[defaults['jobqueue']]:,.0f}, "
-            f"{at[defaults['pgqueuer']]:,.0f} and {at[defaults['procrastinate']]:,.0f} jobs/s.")
     per_job = spread[spread["system"].isin(["procrastinate", "course design"])]
-    if len(per_job):
+    if handler == "noop" and len(per_job):
         lines.append(
-            f"Procrastinate (at every concurrency measured) and the course design commit per "
-            f"job (Procrastinate twice: the claim, then the completion) and stay between "
-            f"{per_job['median'].min():,.0f} and {per_job['median'].max():,.0f} jobs/s: a "
-            "durable commit costs about half a millisecond on this disk. PgQueuer and jobqueue "
-            "claim in batches; jobqueue also records a batch's completions in the same "
-            "transaction.")
+            f"Procrastinate and the course design commit per job (Procrastinate twice: the "
+            f"claim, then the completion) and stay between {per_job['median'].min():,.0f} and "
+            f"{per_job['median'].max():,.0f} jobs/s: a durable commit costs about half a "
+            "millisecond on this disk. PgQueuer, graphile-worker and jobqueue claim in "
+            "batches; jobqueue also records a batch's completions in the same transaction.")
+    return lines
+
+
+def _rate(row: pd.Series, usual: int) -> str:
+    n = int(row["n"])
+    return f"{row['median']:,.0f} jobs/s" + (f", n = {n:,}" if n != usual else "")
+
+
+def _setting(row: pd.Series, usual: int) -> str:
+    """`batch 500, 2 processes: 6,924 jobs/s`."""
+    return f"{plots.plain_settings(row['settings'])}: {_rate(row, usual)}"
+
+
+def _named(row: pd.Series, usual: int, whose: str = "best") -> str:
+    """`PgQueuer's best (batch 500, 2 processes: 6,924 jobs/s)`."""
+    system = row["system"]
+    owner = ("the course design's" if system == "course design"
+             else f"{plots.SYSTEM_NAMES[system]}'s {whose}")
+    return f"{owner} ({_setting(row, usual)})"
+
+
+def _who(row: pd.Series, usual: int) -> str:
+    """`PgQueuer (batch 500, 2 processes: 6,924 jobs/s)`."""
+    return f"{plots.SYSTEM_NAMES[row['system']]} ({_setting(row, usual)})"
+
+
+def _best(rows: pd.DataFrame) -> pd.Series | None:
+    return None if rows.empty else rows.loc[rows["median"].idxmax()]
+
+
+#: The order the findings name the other systems in.
+_OTHERS = ("pgqueuer", "graphile-worker", "procrastinate", "course design")
+
+
+def drain_findings(df: pd.DataFrame) -> list[str]:
+    """The sentences under a drain comparison, computed from its rows (one
+    workload): jobqueue at its CLI defaults against each system's best (and
+    graphile-worker's perfTest configuration); jobqueue's best against the
+    best queue with the same number of processes; best against best. Rates
+    are medians over the rounds; a rate from a different n says its n."""
+    s = plots.peer_drain_spread(df)
+    usual = plots.usual_n(df)
+    ours = s[s["system"] == "jobqueue"]
+    queues = s[s["system"].isin(QUEUES)]
+    lines = []
+    default = _best(ours[ours["preset"] == CLI_DEFAULTS])
+    if default is not None:
+        parts = []
+        for system in _OTHERS:
+            best = _best(s[s["system"] == system])
+            if best is None:
+                continue
+            perftest = _best(s[(s["system"] == system) & (s["preset"] == PERFTEST)])
+            if perftest is not None and perftest.name != best.name:
+                parts.append(f"{default['median'] / perftest['median']:,.1f}× "
+                             + _named(perftest, usual, "perfTest configuration"))
+            whose = "best" if perftest is None or perftest.name != best.name else (
+                "best, its perfTest configuration")
+            parts.append(f"{default['median'] / best['median']:,.1f}× "
+                         + _named(best, usual, whose))
+        if parts:
+            lines.append(f"jobqueue at its CLI defaults ({_setting(default, usual)}): "
+                         f"{', '.join(parts[:-1])}"
+                         f"{' and ' if len(parts) > 1 else ''}{parts[-1]}.")
+    same = sorted(set(ours["workers"]) & set(queues["workers"]))
+    for k in same:
+        mine = _best(ours[ours["workers"] == k])
+        theirs = _best(queues[queues["workers"] == k])
+        assert mine is not None and theirs is not None
+        procs = f"{k} process{'es' if k > 1 else ''}"
+        lines.append(f"With {procs}: jobqueue's best ({_setting(mine, usual)}) is "
+                     f"{mine['median'] / theirs['median']:,.1f}× the best other queue with "
+                     f"{procs}, {_who(theirs, usual)}.")
+    mine, theirs = _best(ours), _best(queues)
+    if mine is not None and theirs is not None:
+        lines.append(f"Best against best, whatever the number of processes: "
+                     f"{_who(mine, usual)} against {_who(theirs, usual)}: "
+                     f"{mine['median'] / theirs['median']:,.1f}×.")
+    return lines
+
+
+#: The issue's goals: jobqueue at its CLI defaults against a peer's best
+#: (among `systems`, or only their `preset` setup), by at least `factor`.
+GOALS: Sequence[tuple[str, tuple[str, ...], str, float]] = (
+    ("noop", ("pgqueuer",), "", 3.0),
+    ("noop", ("graphile-worker",), PERFTEST, 2.0),
+    ("write_row", ("pgqueuer", "graphile-worker"), "", 2.0),
+    ("process_payment", ("pgqueuer", "graphile-worker"), "", 2.0),
+)
+
+
+def goal_lines(drains: dict[str, pd.DataFrame]) -> list[str]:
+    """Each goal of `GOALS` whose workload was measured, with the ratio the
+    medians give and whether it is met."""
+    lines = []
+    for handler, systems, wanted, factor in GOALS:
+        if handler not in drains:
+            continue
+        s = plots.peer_drain_spread(drains[handler])
+        usual = plots.usual_n(drains[handler])
+        ours = _best(s[(s["system"] == "jobqueue") & (s["preset"] == CLI_DEFAULTS)])
+        pool = s[s["system"].isin(systems) & ((s["preset"] == wanted) if wanted else True)]
+        theirs = _best(pool)
+        names = " and ".join(plots.SYSTEM_NAMES[x] for x in systems)
+        against = f"{names}'s {wanted + ' configuration' if wanted else 'best'}"
+        if len(systems) > 1:
+            against = f"the best of {names}"
+        if ours is None or theirs is None:
+            lines.append(f"- {handler}: at least {factor:g}× {against}: not measured in this run.")
+            continue
+        ratio = ours["median"] / theirs["median"]
+        lines.append(
+            f"- {handler}: at least {factor:g}× {against}: jobqueue at its CLI defaults "
+            f"({_rate(ours, usual)}) against {_who(theirs, usual)} is {ratio:,.2f}×: "
+            f"{'met' if ratio >= factor else 'not met'}.")
     return lines
 
 

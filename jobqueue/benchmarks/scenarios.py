@@ -4,6 +4,13 @@
   shared mode), batch size B; how fast the table empties. Timed on the
   database's clock from the first claim to the last completion, so process
   start-up (a second of Python imports) is not counted.
+- `cli_drain`: the same, with the worker started the way the README starts
+  it (`jobqueue worker --import MODULE` and whatever flags are given, none by
+  default: no `--burst`, its INFO logs to a file as a terminal or journal
+  would get them), stopped with SIGTERM once every job is done, and required
+  to exit 0. Jobs can do real work: `write_row` (one INSERT) or the seed's
+  `process_payment` (`jobqueue.examples`: a balance UPDATE and a payment
+  INSERT), and every drain checks that each job wrote exactly its rows.
 - `open_loop`: jobs arrive one by one at a fixed rate, each in its own
   transaction, on a schedule that does not wait for the queue (open loop);
   an idle worker process picks them up. Distributions of enqueue-to-start
@@ -21,19 +28,23 @@ The peer queues of the comparison notebook run through the same machinery in
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import json
 import logging
+import shlex
 import signal
 import statistics
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from jobqueue import db
+from jobqueue import db, examples
 from jobqueue.bench import (
     drop_bench_database,
     machine_info,
@@ -44,23 +55,47 @@ from jobqueue.bench import (
 from jobqueue.bench_handlers import BENCH_TABLE
 from jobqueue.benchmarks import rss
 from jobqueue.recovery import recovery_trial
-from jobqueue.testing import WorkerProcess, wait_for
+from jobqueue.testing import WorkerProcess, wait_for, worker_state
 from jobqueue.worker import DEFAULT_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
 
 LAB_DATABASE_PREFIX = "jobqueue_bench_"
-HANDLERS = {"noop": {}, "write_row": {}, "sleep_10ms": {"seconds": 0.01}}
+#: Each benchmark handler's payload (`process_payment`'s differs per job: `payments`).
+HANDLERS: dict[str, dict[str, Any]] = {"noop": {}, "write_row": {},
+                                       "sleep_10ms": {"seconds": 0.01}, "process_payment": {}}
+#: The module that registers each handler, for the worker's `--import`.
+HANDLER_MODULES = {"noop": "jobqueue.bench_handlers", "write_row": "jobqueue.bench_handlers",
+                   "sleep_10ms": "jobqueue.bench_handlers",
+                   "process_payment": "jobqueue.examples"}
 QUANTILES = (0.5, 0.95, 0.99, 0.999)
+#: How often `cli_drain` looks whether every job is done. Not part of the
+#: timed span (that comes from the jobs' own timestamps), so it only has to be
+#: gentle on the machine the workers share.
+DONE_POLL = 0.05
+#: Users `process_payment` jobs pay into, one after another (job i pays user
+#: i mod PAYMENT_USERS): a batch of up to 1,000 jobs in each of up to four
+#: lanes touches 4,000 different users, so no lane waits for another's row
+#: lock and no row is hot, as in a real payments table.
+PAYMENT_USERS = 10_000
+
+
+async def create_demo_tables(conn: asyncpg.Connection) -> None:
+    """`bench_rows`'s companions for `process_payment`: the seed's demo tables
+    (`jobqueue.examples.DEMO_TABLES`), in any system's database."""
+    for statement in examples.DEMO_TABLES:
+        await conn.execute(statement)
 
 
 async def open_bench(name: str) -> str:
     """A migrated database of this benchmark's own (`jobqueue_bench_<name>`),
-    replacing any leftover; its URL. Pair with `close_bench(name)`."""
+    replacing any leftover, with the tables the handlers write; its URL. Pair
+    with `close_bench(name)`."""
     url = await prepare_database(db.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
     conn = await db.connect(url)
     try:
         await conn.execute(BENCH_TABLE)
+        await create_demo_tables(conn)
     finally:
         await conn.close()
     return url
@@ -85,33 +120,128 @@ async def environment(url: str) -> dict[str, str]:
     return {**machine_info(), **await server_info(url)}
 
 
-async def _reset(conn: asyncpg.Connection) -> None:
-    await conn.execute("TRUNCATE jobs, jobqueue_workers, bench_rows")
+async def _reset(conn: asyncpg.Connection, handler: str = "noop") -> None:
+    await conn.execute("TRUNCATE jobs, jobqueue_workers")
+    await reset_writes(conn, handler)
+
+
+# -- what handlers write, the same in every system's database ---------------------
+
+
+def payments(n: int) -> list[dict[str, Any]]:
+    """The payloads of n `process_payment` jobs: user i mod PAYMENT_USERS (plus
+    one), a positive amount (so no payment can overdraw and fail) and a payment
+    id of its own (so none is refused as a repeat). Every system queues these."""
+    return [{"user_id": 1 + i % PAYMENT_USERS, "amount": f"{1 + i % 97}.{i % 100:02d}",
+             "payment_id": f"bench-{i}"} for i in range(n)]
+
+
+async def reset_writes(conn: asyncpg.Connection, handler: str) -> None:
+    """Empty what the handlers write; for `process_payment`, PAYMENT_USERS
+    users at balance 0. Vacuumed, so every run starts alike."""
+    await conn.execute("TRUNCATE bench_rows, demo_payments, demo_users")
+    if handler == "process_payment":
+        await conn.execute("INSERT INTO demo_users (id, balance)"
+                           " SELECT g, 0 FROM generate_series(1, $1::integer) AS g",
+                           PAYMENT_USERS)
+    for table in ("bench_rows", "demo_payments", "demo_users"):
+        await conn.execute(f"VACUUM ANALYZE {table}")
+
+
+_WRITES = """
+    SELECT (SELECT count(*) FROM bench_rows) AS rows,
+           (SELECT count(DISTINCT job_id) FROM bench_rows) AS row_jobs,
+           (SELECT count(*) FROM demo_payments) AS payments,
+           (SELECT coalesce(sum(amount), 0) FROM demo_payments) AS paid,
+           (SELECT coalesce(sum(balance), 0) FROM demo_users) AS balances,
+           (SELECT count(*) FROM demo_users AS u
+              LEFT JOIN (SELECT user_id, sum(amount) AS total FROM demo_payments
+                         GROUP BY user_id) AS p ON p.user_id = u.id
+             WHERE u.balance <> coalesce(p.total, 0)) AS mismatched"""
+
+
+async def check_writes(conn: asyncpg.Connection, handler: str, n: int, system: str) -> None:
+    """RuntimeError unless the n jobs of a drain wrote exactly their rows:
+    `write_row`, n rows for n distinct jobs; `process_payment`, n payments
+    (their ids are the primary key, so a job run twice cannot add one), the
+    balances summing to what was paid, each user's to its own payments;
+    any other handler, nothing."""
+    got = await conn.fetchrow(_WRITES)
+    rows = n if handler == "write_row" else 0
+    paid = sum((Decimal(p["amount"]) for p in payments(n)), Decimal(0)) if (
+        handler == "process_payment") else Decimal(0)
+    expected = {"rows": rows, "row_jobs": rows,
+                "payments": n if handler == "process_payment" else 0, "paid": paid,
+                "balances": paid, "mismatched": 0}
+    wrong = {k: (got[k], v) for k, v in expected.items() if got[k] != v}
+    if wrong:
+        raise RuntimeError(f"{system}'s {handler} jobs did not write exactly their rows "
+                           "(got, expected): " + ", ".join(f"{k} {g} != {v}"
+                                                          for k, (g, v) in wrong.items()))
 
 
 async def fill(conn: asyncpg.Connection, n: int, handler: str = "noop") -> None:
     """n jobs in one server-side statement (a plain INSERT is a valid job),
     then VACUUM ANALYZE so every run starts from the same table state."""
     job_type, payload = _job(handler)
-    await conn.execute(
-        "INSERT INTO jobs (job_type, payload) SELECT $1, $2::jsonb FROM generate_series(1, $3)",
-        job_type, payload, n)
+    if handler == "process_payment":
+        await conn.execute(
+            "INSERT INTO jobs (job_type, payload) SELECT $1, p FROM unnest($2::jsonb[]) AS p",
+            job_type, [json.dumps(p) for p in payments(n)])
+    else:
+        await conn.execute("INSERT INTO jobs (job_type, payload)"
+                           " SELECT $1, $2::jsonb FROM generate_series(1, $3)",
+                           job_type, payload, n)
     await conn.execute("VACUUM ANALYZE jobs")
 
 
 def _job(handler: str) -> tuple[str, str]:
-    import json
-
     if handler not in HANDLERS:
         raise ValueError(f"unknown benchmark handler {handler!r}; one of {sorted(HANDLERS)}")
     job_type = "sleep" if handler.startswith("sleep") else handler
     return job_type, json.dumps(HANDLERS[handler])
 
 
-def _worker_args(batch_size: int, shared: bool, concurrency: int, *extra: str) -> list[str]:
-    args = ["--import", "jobqueue.bench_handlers", "--batch-size", str(batch_size),
-            "--concurrency", str(concurrency), "--log-level", "WARNING", *extra]
+# -- the worker's command line, and labels built from it ---------------------------
+
+
+def worker_argv(handler: str = "noop", *flags: str) -> list[str]:
+    """`jobqueue worker`'s arguments: `--import` of the module that registers
+    `handler`, then `flags` (none: the CLI's defaults, as the README starts it)."""
+    _job(handler)
+    return ["--import", HANDLER_MODULES[handler], *flags]
+
+
+def _worker_args(batch_size: int, shared: bool, concurrency: int, *extra: str,
+                 handler: str = "noop") -> list[str]:
+    args = worker_argv(handler, "--batch-size", str(batch_size), "--concurrency",
+                       str(concurrency), "--log-level", "WARNING", *extra)
     return args + (["--shared"] if shared else [])
+
+
+def worker_options(argv: Sequence[str]) -> argparse.Namespace:
+    """What a worker given `argv` runs with: the CLI's own parser, defaults
+    filled in (and JOBQUEUE_LOG_LEVEL read, as the worker would read it)."""
+    from jobqueue.cli import build_parser
+
+    return build_parser().parse_args(["worker", *argv])
+
+
+def worker_label(argv: Sequence[str], workers: int = 1) -> str:
+    """A setup as the tables show it, built from the arguments the processes
+    got: the command line, and the lanes, batch size and log level it runs
+    with. Only `--import` given: "CLI defaults, as in the README"."""
+    opts = worker_options(argv)
+    command = "jobqueue worker " + shlex.join(argv)
+    defaults = all(a == "--import" or argv[i - 1] == "--import" for i, a in enumerate(argv))
+    lanes = f"{opts.concurrency} lane{'s' if opts.concurrency > 1 else ''}"
+    each = " each" if workers > 1 else ""
+    procs = (f", {workers} processes ({'shared' if opts.shared else 'exclusive'})"
+             if workers > 1 else ", 1 process")
+    times = f" × {workers}" if workers > 1 else ""
+    prefix = "CLI defaults, as in the README " if defaults else ""
+    return (f"{prefix}(`{command}`{times}): {lanes}{each}, batch {opts.batch_size}, "
+            f"{opts.log_level} logs{procs}")
 
 
 #: What a drain costs the server beyond CPU: WAL written, full-page images
@@ -130,31 +260,88 @@ async def drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool
     for them to exit, and read the result from the jobs table. With `memory`,
     each process's resident memory is sampled too (`rss_start_mib`,
     `rss_peak_mib`, `rss_end_mib`: see `rss.summary`)."""
-    row, _ = await _drain(url, n=n, batch_size=batch_size, workers=workers, shared=shared,
-                          handler=handler, concurrency=concurrency, timeout=timeout,
-                          log_dir=log_dir, memory=memory)
+    argv = _worker_args(batch_size, shared, concurrency, "--burst", handler=handler)
+    row, _ = await _drain(url, n=n, argv=argv, workers=workers, handler=handler,
+                          timeout=timeout, log_dir=log_dir, memory=memory, burst=True)
     return row
 
 
-async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool,
-                 handler: str, concurrency: int, timeout: float, log_dir: Path | None,
-                 memory: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`drain`, plus the RSS samples (empty unless `memory`)."""
+async def cli_drain(url: str, *, n: int, handler: str = "noop", flags: Sequence[str] = (),
+                    workers: int = 1, timeout: float = 900.0, log_dir: Path | None = None,
+                    memory: bool = True) -> dict[str, Any]:
+    """One drain by workers started as a user starts them:
+    `jobqueue worker --import MODULE *flags` (`worker_argv`), no `--burst`,
+    logs at whatever level the flags leave (INFO by default) into a file per
+    process. Once no job is left waiting or running (two index probes every
+    `DONE_POLL` s), each process gets SIGTERM and must exit 0. Timed, like
+    `drain`, from the first claim to the last completion on the database's
+    clock; each job's writes are checked (`check_writes`); `settings` is the
+    label `worker_label` builds from the arguments used."""
+    argv = worker_argv(handler, *flags)
+    row, _ = await _drain(url, n=n, argv=argv, workers=workers, handler=handler,
+                          timeout=timeout, log_dir=log_dir, memory=memory, burst=False)
+    return row
+
+
+#: Nothing left to do: no job waiting (the pickable index) or running (the
+#: processing index). Jobs a quick batch has locked stay `pending` until it
+#: commits, so this is true only once every completion is committed.
+_ALL_DONE = ("SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'retrying'))"
+             " AND NOT EXISTS (SELECT 1 FROM jobs WHERE status = 'processing')")
+
+
+async def _until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
+                      timeout: float) -> None:
+    """Wait until every job is done (failing at once should a worker exit)
+    and every worker has registered (so it handles signals: a small drain can
+    end before a second process is up), then stop each worker with SIGTERM;
+    RuntimeError unless each exits 0."""
+    def exited() -> str | None:
+        for p in procs:
+            if p.proc.poll() is not None:
+                return f"worker exited with {p.proc.returncode} before the drain ended: " \
+                    f"{p.log()[-2000:]}"
+        return None
+
+    async def done() -> bool:
+        if (problem := exited()) is not None:
+            raise RuntimeError(problem)
+        if not await conn.fetchval(_ALL_DONE):
+            return False
+        return all([await worker_state(conn, p) is not None for p in procs])
+
+    await wait_for(done, timeout=timeout, interval=DONE_POLL, message="every job done")
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    for p in procs:
+        code = await p.wait(timeout)
+        if code != 0:
+            raise RuntimeError(f"worker exited with {code} on SIGTERM: {p.log()[-2000:]}")
+
+
+async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler: str,
+                 timeout: float, log_dir: Path | None, memory: bool, burst: bool
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`drain` (`burst`: the processes exit by themselves) or `cli_drain`
+    (they are stopped once the jobs are done), plus the RSS samples (empty
+    unless `memory`)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-drain-"))
     conn = await db.connect(url, application_name="jobqueue bench")
     procs: list[WorkerProcess] = []
     sampler = rss.RssSampler([])
     try:
-        await _reset(conn)
+        await _reset(conn, handler)
         await fill(conn, n, handler)
-        args = _worker_args(batch_size, shared, concurrency, "--burst")
         wal_before = await conn.fetchrow(_WAL)
-        procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *args) for i in range(workers)]
+        procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *argv) for i in range(workers)]
         if memory:
             sampler = rss.RssSampler(p.pid for p in procs)
             sampler.start()
-        for p in procs:
-            await p.finish(timeout)
+        if burst:
+            for p in procs:
+                await p.finish(timeout)
+        else:
+            await _until_done(conn, procs, timeout)
         await sampler.stop()
         row = await conn.fetchrow(
             "SELECT count(*) FILTER (WHERE status = 'completed') AS completed, count(*) AS total,"
@@ -165,17 +352,21 @@ async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: boo
         stats = await conn.fetchrow(
             "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = 'jobs'")
         wal_after = await conn.fetchrow(_WAL)
+        if row["completed"] != n or row["total"] != n:
+            raise RuntimeError(f"lost jobs: {row['completed']} of {n} completed")
+        await check_writes(conn, handler, n, "jobqueue")
     finally:
         await sampler.stop()
         for p in procs:
             p.close()
         await conn.close()
-    if row["completed"] != n or row["total"] != n:
-        raise RuntimeError(f"lost jobs: {row['completed']} of {n} completed")
+    opts = worker_options(argv)
     seconds = float(row["seconds"])
-    result = {"n": n, "batch_size": batch_size, "workers": workers,
-              "mode": "shared" if shared else "exclusive", "handler": handler,
-              "concurrency": concurrency, "seconds": seconds, "jobs_per_sec": n / seconds,
+    result = {"n": n, "batch_size": opts.batch_size, "workers": workers,
+              "mode": "shared" if opts.shared else "exclusive", "handler": handler,
+              "concurrency": opts.concurrency, "log_level": opts.log_level,
+              "argv": shlex.join(argv), "settings": worker_label(argv, workers),
+              "seconds": seconds, "jobs_per_sec": n / seconds,
               "workers_used": row["workers_used"], "dead_tuples": stats["n_dead_tup"],
               **{key: wal_after[key] - wal_before[key] for key in _WAL_COLUMNS}}
     result["wal_mib"] = float(result["wal_mib"])
@@ -187,15 +378,21 @@ async def _drain(url: str, *, n: int, batch_size: int, workers: int, shared: boo
 
 
 async def memory_timeline(url: str, *, n: int, batch_size: int = DEFAULT_BATCH_SIZE,
-                          shared: bool = False,
-                          workers: int = 1, timeout: float = 3600.0) -> dict[str, Any]:
+                          shared: bool = False, workers: int = 1, timeout: float = 3600.0,
+                          flags: Sequence[str] | None = None) -> dict[str, Any]:
     """One drain of `n` jobs with the workers' resident memory sampled every
     quarter second: the summary row (`drain`'s, with the RSS figures) and the
     timeline (`t` in seconds from the first claim, `rss_mib`). A worker that
-    kept something per job would show a line that climbs with the drain."""
-    row, timeline = await _drain(url, n=n, batch_size=batch_size, workers=workers,
-                                 shared=shared, handler="noop", concurrency=1, timeout=timeout,
-                                 log_dir=None, memory=True)
+    kept something per job would show a line that climbs with the drain.
+    With `flags` (`[]`: the CLI's defaults), the workers run as `cli_drain`
+    runs them instead of in burst mode with one lane at `batch_size`."""
+    if flags is None:
+        argv = _worker_args(batch_size, shared, 1, "--burst")
+    else:
+        argv = worker_argv("noop", *flags)
+    row, timeline = await _drain(url, n=n, argv=argv, workers=workers, handler="noop",
+                                 timeout=timeout, log_dir=None, memory=True,
+                                 burst=flags is None)
     return {"summary": row, "timeline": timeline}
 
 
@@ -228,13 +425,17 @@ async def _one_worker_and_producers(url: str, log_path: Path, connections: int,
 
 async def open_loop(url: str, *, rate: float, seconds: float,
                     batch_size: int = DEFAULT_BATCH_SIZE,
-                    connections: int = 8, log_dir: Path | None = None) -> dict[str, Any]:
+                    connections: int = 8, log_dir: Path | None = None,
+                    flags: Sequence[str] | None = None) -> dict[str, Any]:
     """Arrivals at `rate` jobs/s for `seconds`, each enqueued in its own
     transaction at its scheduled time whatever the queue is doing; one idle
-    worker process. Returns the summary and the per-job latencies."""
+    worker process (one lane at `batch_size`, WARNING logs; or, given `flags`,
+    `jobqueue worker --import jobqueue.bench_handlers *flags`). Returns the
+    summary, with the worker's `argv`, and the per-job latencies."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-latency-"))
+    argv = _worker_args(batch_size, False, 1) if flags is None else worker_argv("noop", *flags)
     async with _one_worker_and_producers(url, log_dir / "worker.log", connections,
-                                         *_worker_args(batch_size, False, 1)) as (conn, pool, _):
+                                         *argv) as (conn, pool, _):
         total = max(1, round(rate * seconds))
         lateness = await _arrivals(pool, rate, total)
         await wait_for(lambda: conn.fetchval(
@@ -248,7 +449,9 @@ async def open_loop(url: str, *, rate: float, seconds: float,
     span = created[-1] - created[0] if len(created) > 1 else 0.0
     to_start = [float(r["to_start"]) for r in rows]
     to_complete = [float(r["to_complete"]) for r in rows]
-    return latency_result(rate, seconds, span, lateness, to_start, to_complete)
+    result = latency_result(rate, seconds, span, lateness, to_start, to_complete)
+    result["summary"]["argv"] = shlex.join(argv)
+    return result
 
 
 async def soak(url: str, *, rate: float, seconds: float, keep_seconds: float,
