@@ -13,13 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-
-
-import pandas as pd  # noqa: E402
-
-from jobqueue.benchmarks import load, plots  # noqa: E402
+from jobqueue.benchmarks import load, plots
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 RESULTS = CHECKOUT / "notebooks" / "benchmarks" / "results"
@@ -567,6 +563,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--results", type=Path, default=RESULTS, help="folder of results files")
     p.add_argument("--output", type=Path, default=CHECKOUT / "BENCHMARKS.md")
     args = p.parse_args(argv)
+    # No window for the figures; chosen here, not at import, so that a
+    # notebook importing the findings keeps its inline figures.
+    matplotlib.use("Agg")
     print(f"wrote {render(args.results, args.output)}")
 
 
