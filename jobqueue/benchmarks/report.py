@@ -275,9 +275,9 @@ def _peers_drain(df: pd.DataFrame, results: Path, name: str) -> list[str]:
         f"### Draining {plots.usual_n(df):,} {plots.WORKLOADS.get(handler, handler)}", "",
         f"Jobs already queued; median jobs/s of {rounds} round{'s' if rounds > 1 else ''} "
         "(min–max), every setup once per round, one after another. `n` is the number of jobs "
-        "each drain ran: the systems that commit once per job drain fewer, so that a run lasts "
-        "seconds rather than minutes. Peak RSS is the largest resident memory any of the "
-        "setup's worker processes reached.", "",
+        "each drain ran: the slowest setups drain fewer, so that a run lasts seconds rather "
+        "than minutes. Peak RSS is the largest resident memory any of the setup's worker "
+        "processes reached.", "",
         plots.markdown(plots.peer_drain_table(df)), "",
         _figure(plots.peer_drain_plot(df), name, results), "",
         *drain_findings(df),
@@ -287,9 +287,9 @@ def _peers_drain(df: pd.DataFrame, results: Path, name: str) -> list[str]:
         lines.append(
             f"Procrastinate and the course design commit per job (Procrastinate twice: the "
             f"claim, then the completion) and stay between {per_job['median'].min():,.0f} and "
-            f"{per_job['median'].max():,.0f} jobs/s: a durable commit costs about half a "
-            "millisecond on this disk. PgQueuer, graphile-worker and jobqueue claim in "
-            "batches; jobqueue also records a batch's completions in the same transaction.")
+            f"{per_job['median'].max():,.0f} jobs/s: every job waits for a durable commit of "
+            "its own. PgQueuer, graphile-worker and jobqueue claim in batches; jobqueue also "
+            "records a batch's completions in the same transaction.")
     return lines
 
 
