@@ -97,6 +97,18 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    # A SIGTERM while the handlers' modules import (a supervisor stopping a
+    # worker that is still starting) is a clean stop, not death by signal:
+    # remembered here, it becomes the runner's stop() once it runs.
+    stopped: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
+    try:
+        return _work(args, stopped)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _work(args: argparse.Namespace, stopped: list[int]) -> int:
     from jobqueue.retry import RetryPolicy
     from jobqueue.worker import JobRunner
 
@@ -129,8 +141,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         factory = loop_factory(args.loop)
     except ImportError:
         raise CliError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
+    async def run() -> dict[str, Any]:
+        if stopped:
+            runner.stop()
+        return await runner.run()
+
     with asyncio.Runner(loop_factory=factory) as loop:
-        report = loop.run(runner.run())
+        report = loop.run(run())
     if args.json:
         print(json.dumps(report))
     return 0

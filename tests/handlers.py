@@ -21,17 +21,22 @@ from jobqueue.registry import handlers
 from jobqueue.worker import current_job
 
 _events: asyncpg.Connection | None = None
+_events_lock: asyncio.Lock | None = None
 
 
 async def record_event(job_id: uuid.UUID, kind: str) -> None:
-    """Write outside the job's transaction, on a connection of our own."""
-    global _events
-    if _events is None or _events.is_closed():
-        _events = await asyncpg.connect(**db.asyncpg_connect_args(db.database_url()))
-    await _events.execute(
-        "INSERT INTO events (job_id, kind, worker_pid) VALUES ($1, $2, $3)",
-        job_id, kind, os.getpid(),
-    )
+    """Write outside the job's transaction, on a connection of our own (one at
+    a time: a worker's lanes run handlers side by side)."""
+    global _events, _events_lock
+    if _events_lock is None:
+        _events_lock = asyncio.Lock()
+    async with _events_lock:
+        if _events is None or _events.is_closed():
+            _events = await asyncpg.connect(**db.asyncpg_connect_args(db.database_url()))
+        await _events.execute(
+            "INSERT INTO events (job_id, kind, worker_pid) VALUES ($1, $2, $3)",
+            job_id, kind, os.getpid(),
+        )
 
 
 @handlers.register("effect")

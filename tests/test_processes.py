@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobqueue import enqueue_many
 from jobqueue.testing import WorkerProcess, wait_for
 from jobqueue.worker import ACTIVE_KEY, LOCK_CLASS
+from tests.conftest import ROOT
 
 TIMEOUT = 30
 
@@ -136,3 +137,22 @@ async def test_only_one_worker_process_is_active_and_it_did_all_the_work(
     for w in (first, second):
         w.proc.send_signal(signal.SIGTERM)
     assert await _wait_exit(first) == 0 and await _wait_exit(second) == 0
+
+
+async def test_sigterm_while_the_handlers_import_is_a_clean_stop(
+    db_url: str, tmp_path, conn: asyncpg.Connection
+) -> None:
+    """A supervisor may stop a worker that is still importing its handlers:
+    it exits 0, having taken nothing, instead of dying of the signal."""
+    worker = WorkerProcess(db_url, tmp_path / "worker.log", "--import", "tests.slow_import",
+                           cwd=ROOT, env={"JOBQUEUE_TEST_IMPORT_GATE": str(tmp_path)})
+    try:
+        await wait_for(lambda: (tmp_path / "importing").exists(), timeout=TIMEOUT,
+                       message="the worker importing its handlers")
+        worker.signal(signal.SIGTERM)
+        (tmp_path / "go").touch()
+        assert await _wait_exit(worker) == 0, worker.log()
+    finally:
+        worker.close()
+    assert "stop requested" in worker.log()
+    assert await conn.fetchval("SELECT count(*) FROM jobqueue_workers") == 0
