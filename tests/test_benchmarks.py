@@ -211,7 +211,7 @@ async def test_the_course_design_drains_everything(bench_url: str) -> None:
     assert rows[0]["processed"] == 50 and rows[0]["jobs_per_sec"] > 0
 
 
-async def test_the_ceiling_measures_every_row(server_url: str) -> None:
+async def test_the_ceiling_measures_every_row(server_url: str, tmp_path: Path) -> None:
     rows = await ceiling.run(n=30, repeat=2, batch=20, noop_jobs=100,
                              name=f"t{uuid.uuid4().hex[:8]}")
     names = [r["name"] for r in rows]
@@ -221,3 +221,12 @@ async def test_the_ceiling_measures_every_row(server_url: str) -> None:
         assert row["wall_us"] > 0 and row["client_cpu_us"] > 0 and row["jobs_per_sec"] > 0
         assert row["n"] in (30, 100) and row["repeat"] == 2
     assert "lane session, isolated" in ceiling.table(rows)
+    # BENCHMARKS.md's section, from the saved rows: the table and the sentence
+    # computed from them.
+    path = save(rows, "ceiling", {"event_loop": "uvloop"})
+    path.rename(tmp_path / path.name)
+    text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+    section = text.split("## Where a job's time goes", 1)[1]
+    plain = next(r for r in rows if r["name"] == "lane session, plain")
+    assert f"{plain['wall_us']:,.0f} µs through the lane's session" in section
+    assert "| lane session, isolated |" in section and "event loop: uvloop" in section

@@ -512,8 +512,8 @@ def _limits() -> str:
     return "\n".join([
         "## Known limits of these figures", "",
         "- One 2-core machine runs the server, the workers and the producer: they compete "
-        "for CPU, so the figures are lower than on a real database host, and shared mode "
-        "stops scaling past two processes here.",
+        "for CPU, so the figures are lower than on a real database host, and the runs stop at "
+        "two worker processes, one per core.",
         "- Durable settings (fsync and synchronous_commit on) on a virtual disk: a commit "
         "costs about half a millisecond, which bounds every per-job-commit figure.",
         "- The producer of the latency runs is one Python process; at the highest rates its "
@@ -521,11 +521,38 @@ def _limits() -> str:
     ])
 
 
+def _ceiling(results: Path) -> str:
+    df, context = load("ceiling", results)
+    rows = df.set_index("name")
+    table = pd.DataFrame({
+        "per job": df["name"], "what it is": df["what"],
+        "wall µs": df["wall_us"], "client CPU µs": df["client_cpu_us"],
+        "server CPU µs": df["server_cpu_us"], "jobs/s": df["jobs_per_sec"]})
+    lines = [
+        "## Where a job's time goes", "",
+        f"`python -m jobqueue.benchmarks.ceiling --save`: each row repeats one thing "
+        f"{int(df['n'].min()):,} times on one connection (the queue-statement rows: "
+        f"{int(df['n'].max()):,} no-op jobs), median of {int(df['repeat'].iloc[0])} runs; "
+        f"event loop: {context.get('event_loop', '?')}.", "",
+        plots.markdown(table, floatfmt=",.1f"), ""]
+    before, after = "session per job (create_savepoint)", "lane session, plain"
+    if before in rows.index and after in rows.index and "INSERT" in rows.index:
+        old, new = rows.loc[before, "wall_us"], rows.loc[after, "wall_us"]
+        bare = rows.loc["INSERT", "wall_us"]
+        lines.append(
+            f"The same INSERT costs {old:,.0f} µs through a session per job and "
+            f"{new:,.0f} µs through the lane's session ({old / new:,.1f}× less); "
+            f"PostgreSQL's part, the bare statement, is {bare:,.0f} µs: the rest is the "
+            "client's (SQLAlchemy's statement path and the event loop).")
+    return "\n".join(lines)
+
+
 SECTIONS: Sequence[tuple[str, Callable[[Path], str]]] = (
     ("throughput_matrix", _throughput),
     ("latency", _latency),
     ("recovery", _recovery),
     ("comparison_drain", _peers),
+    ("ceiling", _ceiling),
 )
 
 
