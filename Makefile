@@ -38,7 +38,7 @@ bench: setup
 	cd notebooks/benchmarks && for nb in $(BENCH_NOTEBOOKS); do \
 		JOBQUEUE_LAB_SIZE=full ../../$(BIN)/jupyter nbconvert --to notebook --execute \
 			--inplace --ExecutePreprocessor.timeout=3600 $$nb.ipynb || exit 1; done
-	$(BIN)/python -m jobqueue.benchmarks.ceiling --save
+	JOBQUEUE_LAB_SIZE=full $(BIN)/python -m jobqueue.benchmarks.ceiling --save
 	$(BIN)/python -m jobqueue.benchmarks.report
 
 ## bench-quick: the core numbers in a minute, no Jupyter (drain 100/1,000/10,000 jobs, lone-job latency)

@@ -527,13 +527,15 @@ def _ceiling(results: Path) -> str:
     table = pd.DataFrame({
         "per job": df["name"], "what it is": df["what"],
         "wall µs": df["wall_us"], "client CPU µs": df["client_cpu_us"],
-        "server CPU µs": df["server_cpu_us"], "jobs/s": df["jobs_per_sec"]})
+        "server CPU µs": df["server_cpu_us"],
+        "jobs/s": df["jobs_per_sec"].round().astype(int)})
     lines = [
         "## Where a job's time goes", "",
         f"`python -m jobqueue.benchmarks.ceiling --save`: each row repeats one thing "
         f"{int(df['n'].min()):,} times on one connection (the queue-statement rows: "
         f"{int(df['n'].max()):,} no-op jobs), median of {int(df['repeat'].iloc[0])} runs; "
-        f"event loop: {context.get('event_loop', '?')}.", "",
+        f"event loop: {context.get('event_loop', '?')}; written "
+        f"{context.get('written', '?')}.", "",
         plots.markdown(table, floatfmt=",.1f"), ""]
     before, after = "session per job (create_savepoint)", "lane session, plain"
     if before in rows.index and after in rows.index and "INSERT" in rows.index:
