@@ -431,9 +431,9 @@ class JobRunner:
             if not summary["completed"] + summary["failed"] + summary["retried"]:
                 continue
             rerun = f", {summary['rerun']:,} rerun" if summary["rerun"] else ""
-            latency = ("; enqueue to completion p50 {latency_p50_ms}, p95 {latency_p95_ms}, "
-                       "p99 {latency_p99_ms} ms".format(**summary)
-                       if summary["completed"] else "")
+            latency = ("; enqueue to completion p50 {}, p95 {}, p99 {} ms".format(
+                *(_shown_ms(summary[f"latency_{p}_ms"]) for p in ("p50", "p95", "p99")))
+                if summary["completed"] else "")
             logger.info(
                 "worker %d: %s jobs/s over %.1f s: %s completed, %s retried, %s failed%s%s",
                 self.worker_id, f"{summary['jobs_per_sec']:,.1f}", summary["interval_s"],
@@ -528,3 +528,11 @@ async def _cancel(task: asyncio.Future[Any]) -> None:
     task.cancel()
     with contextlib.suppress(BaseException):
         await task
+
+
+def _shown_ms(ms: float | None) -> str:
+    """Three significant figures or so, for a person reading the line (the
+    JSON event keeps the full value)."""
+    if ms is None:
+        return "?"
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"

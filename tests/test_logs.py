@@ -137,6 +137,10 @@ async def test_at_info_the_worker_sums_up_every_interval(
         "latency_p99_ms"]
     assert summary["message"].startswith(f"worker {runner.worker_id}: ")
     assert "20 completed, 0 retried, 1 failed" in summary["message"]
+    p99 = summary["latency_p99_ms"]
+    assert summary["message"].endswith(
+        f"p99 {p99:,.0f} ms" if p99 >= 100 else f"p99 {p99:.1f} ms" if p99 >= 10
+        else f"p99 {p99:.2f} ms")
     # Idle intervals say nothing: one summary for the one busy interval.
     assert [e.get("event") for e in map(json.loads, stream.getvalue().splitlines())].count(
         "worker_summary") == 1
