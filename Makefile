@@ -43,7 +43,7 @@ bench: setup
 
 ## bench-quick: the core numbers in a minute, no Jupyter (drain 100/1,000/10,000 jobs, lone-job latency)
 bench-quick: setup
-	$(BIN)/python -m jobqueue.bench
+	$(BIN)/python -m jobqueue.benchmarks.quick
 
 ## lab: JupyterLab on notebooks/, with the database up
 lab: setup

@@ -19,7 +19,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from jobqueue import HandlerRegistry, db, embedded, examples, migrations
+from jobqueue import HandlerRegistry, db, embedded, migrations
+from jobqueue.lab import examples
 from jobqueue.testing import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]

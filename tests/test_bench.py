@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from jobqueue import bench, db
+from jobqueue import db
+from jobqueue.benchmarks import quick as bench
 from jobqueue.worker import DEFAULT_CONCURRENCY
 
 

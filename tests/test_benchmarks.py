@@ -43,13 +43,13 @@ async def test_drain_modes_and_handlers(bench_url: str) -> None:
 
 def test_labels_are_built_from_the_arguments_used() -> None:
     readme = scenarios.worker_argv("noop")
-    assert readme == ["--import", "jobqueue.bench_handlers"]
+    assert readme == ["--import", "jobqueue.benchmarks.handlers"]
     assert scenarios.worker_label(readme) == (
-        "CLI defaults, as in the README (`jobqueue worker --import jobqueue.bench_handlers`): "
+        "CLI defaults, as in the README (`jobqueue worker --import jobqueue.benchmarks.handlers`): "
         f"{DEFAULT_CONCURRENCY} lanes, batch {DEFAULT_BATCH_SIZE}, INFO logs, 1 process")
     quiet = scenarios.worker_argv("process_payment", "--log-level", "WARNING")
     assert scenarios.worker_label(quiet).startswith(
-        "(`jobqueue worker --import jobqueue.examples --log-level WARNING`): ")
+        "(`jobqueue worker --import jobqueue.lab.examples --log-level WARNING`): ")
     assert "WARNING logs" in scenarios.worker_label(quiet)
     burst = scenarios._worker_args(50, True, 1, "--burst")
     assert scenarios.worker_label(burst, 2).endswith(
@@ -59,7 +59,7 @@ def test_labels_are_built_from_the_arguments_used() -> None:
     assert plots.short_settings(scenarios.worker_label(quiet)).startswith(
         "--log-level WARNING: ")
     assert plots.plain_settings(scenarios.worker_label(readme)).startswith(
-        "`jobqueue worker --import jobqueue.bench_handlers`: ")
+        "`jobqueue worker --import jobqueue.benchmarks.handlers`: ")
     assert plots.short_settings("batch 500, 1 process") == "batch 500, 1 process"
 
 
@@ -93,8 +93,8 @@ def test_the_findings_are_computed_from_the_medians() -> None:
                                      "perfTest": 10_000, "graphile 1": 16_000,
                                      "procrastinate": 250}, 50_000))
     text = "\n".join(drain_findings(df))
-    assert "jobqueue at its CLI defaults (`jobqueue worker --import jobqueue.bench_handlers`" in (
-        text)
+    assert ("jobqueue at its CLI defaults "
+            "(`jobqueue worker --import jobqueue.benchmarks.handlers`") in text
     assert "32,000 jobs/s): 5.0× PgQueuer's best (batch 500, 2 processes: 6,400 jobs/s)" in text
     assert ("3.2× graphile-worker's perfTest configuration (concurrency 24, 4 processes, "
             "perfTest configuration: 10,000 jobs/s)") in text

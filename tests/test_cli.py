@@ -37,7 +37,8 @@ async def test_enqueue_then_work_then_status(db_url: str, conn: asyncpg.Connecti
     job_id = uuid.UUID(out.stdout.strip())
     assert await conn.fetchval("SELECT max_retries FROM jobs WHERE id = $1", job_id) == 1
 
-    worked = jobqueue("worker", "--import", "jobqueue.examples", "--burst", "--json", url=db_url)
+    worked = jobqueue("worker", "--import", "jobqueue.lab.examples", "--burst", "--json",
+                      url=db_url)
     assert worked.returncode == 0, worked.stderr
     assert json.loads(worked.stdout)["processed"] == 1
 

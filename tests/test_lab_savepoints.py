@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from jobqueue import HandlerRegistry, enqueue_many, examples
-from jobqueue.lab import savepoints
+from jobqueue import HandlerRegistry, enqueue_many
+from jobqueue.lab import examples, savepoints
 from jobqueue.testing import drain
 
 

@@ -213,7 +213,7 @@ async def test_worker_log_format_json_from_the_command_line(
         job_id = await enqueue(c, "send_email", {"to": "a@x"})
     option = ["--log-format", "json", "--log-level", "DEBUG"]
     args = (["worker", *option] if position == "after" else [*option, "worker"])
-    result = run_cli(*args, "--import", "jobqueue.examples", "--burst", url=db_url)
+    result = run_cli(*args, "--import", "jobqueue.lab.examples", "--burst", url=db_url)
     assert result.returncode == 0, result.stderr
     logged = [json.loads(line) for line in result.stderr.splitlines()]
     done = [e for e in logged if e.get("event") == "job_completed"]
@@ -234,7 +234,7 @@ async def test_the_worker_as_the_readme_starts_it_logs_no_line_per_job(
     no completion lines; what it did is in its last line."""
     async with engine.begin() as c:
         await enqueue_many(c, "send_email", [{"to": f"{i}@x"} for i in range(30)])
-    result = run_cli("worker", "--import", "jobqueue.examples", "--burst", url=db_url)
+    result = run_cli("worker", "--import", "jobqueue.lab.examples", "--burst", url=db_url)
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
     assert not [ln for ln in lines if "completed in" in ln]

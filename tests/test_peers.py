@@ -119,16 +119,16 @@ async def test_jobqueue_drains_report_memory_too(server_url: str) -> None:
 def test_settings_say_which_knobs_were_turned() -> None:
     lanes = f"{DEFAULT_CONCURRENCY} lanes"
     assert peers.settings({"system": "jobqueue", "flags": []}) == (
-        "CLI defaults, as in the README (`jobqueue worker --import jobqueue.bench_handlers`): "
+        "CLI defaults, as in the README (`jobqueue worker --import jobqueue.benchmarks.handlers`): "
         f"{lanes}, batch {DEFAULT_BATCH_SIZE}, INFO logs, 1 process")
     assert peers.settings({"system": "jobqueue", "flags": ["--shared"], "workers": 2},
                           "process_payment") == (
-        "(`jobqueue worker --import jobqueue.examples --shared` × 2): "
+        "(`jobqueue worker --import jobqueue.lab.examples --shared` × 2): "
         f"{lanes} each, batch {DEFAULT_BATCH_SIZE}, INFO logs, 2 processes (shared)")
     # The older knobs become the flags they stand for, and the label says them.
     assert peers.settings({"system": "jobqueue", "batch_size": 50, "concurrency": 1}) == (
-        "(`jobqueue worker --import jobqueue.bench_handlers --batch-size 50 --concurrency 1`): "
-        "1 lane, batch 50, INFO logs, 1 process")
+        "(`jobqueue worker --import jobqueue.benchmarks.handlers --batch-size 50 "
+        "--concurrency 1`): 1 lane, batch 50, INFO logs, 1 process")
     assert peers.settings({"system": "pgqueuer"}) == "batch 10, 1 process"
     assert peers.settings({"system": "procrastinate", "concurrency": 5}) == (
         "concurrency 5, 1 process")
@@ -159,7 +159,7 @@ async def test_jobqueue_at_its_cli_defaults_drains_and_stops_on_sigterm(
         finally:
             await conn.close()
     assert counts == {"completed": 300}  # and the worker exited 0 on SIGTERM, or it raised
-    assert row["argv"] == "--import jobqueue.bench_handlers"  # no other flag: no --burst
+    assert row["argv"] == "--import jobqueue.benchmarks.handlers"  # no other flag: no --burst
     assert (row["concurrency"], row["batch_size"], row["log_level"]) == (
         DEFAULT_CONCURRENCY, DEFAULT_BATCH_SIZE, "INFO")
     assert row["settings"] == peers.settings({"system": "jobqueue", "flags": []})
@@ -194,7 +194,7 @@ async def test_jobqueue_real_work_writes_exactly_its_rows(server_url: str) -> No
         finally:
             await conn.close()
     assert rows["handler"] == "write_row" and rows["workers"] == 2
-    assert paid["argv"] == "--import jobqueue.examples"  # the seed's own handler
+    assert paid["argv"] == "--import jobqueue.lab.examples"  # the seed's own handler
     assert written["n"] == 300
     assert written["total"] == sum(Decimal(p["amount"]) for p in scenarios.payments(300))
 
@@ -267,8 +267,8 @@ async def test_the_report_has_a_peers_section_only_when_it_was_measured(
                     "### Latency under open-loop", "### Memory over a long drain",
                     "PgQueuer 1.6.0", "| Procrastinate |"):
         assert heading in text
-    assert ("jobqueue at its CLI defaults (`jobqueue worker --import jobqueue.bench_handlers`: "
-            in text)
+    assert ("jobqueue at its CLI defaults "
+            "(`jobqueue worker --import jobqueue.benchmarks.handlers`: ") in text
     assert "× PgQueuer's best (batch 10, 1 process: " in text
     assert "jobs/s, n = 50)" in text  # Procrastinate's smaller drain says its n
     assert "the course design's" in text and "With 1 process: jobqueue's best" in text

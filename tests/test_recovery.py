@@ -5,8 +5,8 @@ from __future__ import annotations
 import signal
 import uuid
 
-from jobqueue.bench import drop_bench_database, prepare_database
-from jobqueue.recovery import recovery_trial, summary_table
+from jobqueue.benchmarks.quick import drop_bench_database, prepare_database
+from jobqueue.benchmarks.recovery import recovery_trial, summary_table
 
 
 async def test_one_trial_per_signal(server_url: str, tmp_path) -> None:

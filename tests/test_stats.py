@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from jobqueue.bench import quantile
+from jobqueue.benchmarks.quick import quantile
 from jobqueue.stats import LatencyHistogram
 
 

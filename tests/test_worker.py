@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue, enqueue_many
-from jobqueue.examples import process_payment, send_email
+from jobqueue.lab.examples import process_payment, send_email
 from jobqueue.testing import drain, wait_for
 
 FAST_RETRIES = RetryPolicy(base=0.05, factor=2.0, cap=1.0, jitter=0.0)

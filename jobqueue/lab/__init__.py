@@ -19,7 +19,8 @@ from typing import Any
 
 import asyncpg
 
-from jobqueue import db, examples, migrations
+from jobqueue import db, migrations
+from jobqueue.lab import examples
 
 _open: dict[str, list[asyncpg.Connection]] = {}
 

@@ -1,4 +1,4 @@
-"""Dead-worker recovery, measured: `python -m jobqueue.recovery`.
+"""Dead-worker recovery, measured: `python -m jobqueue.benchmarks.recovery`.
 
 A trial: an active worker and a standby (real processes) work through a
 stream of short jobs; the active one receives SIGKILL (a crash) or SIGSTOP (a
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from jobqueue import db
-from jobqueue.bench import (
+from jobqueue.benchmarks.quick import (
     drop_bench_database,
     header,
     machine_info,
@@ -58,7 +58,7 @@ async def recovery_trial(
     active, "second" stood by) from 1 s before the signal to 1 s after the
     standby's first completion."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-recovery-"))
-    args = ("--import", "jobqueue.bench_handlers", "--batch-size", str(batch_size),
+    args = ("--import", "jobqueue.benchmarks.handlers", "--batch-size", str(batch_size),
             "--lease", str(lease), "--log-level", "WARNING")
     conn = await db.connect(url, application_name="jobqueue recovery")
     workers: list[WorkerProcess] = []
@@ -161,7 +161,7 @@ async def run(trials: int, signals: Sequence[str], lease: float) -> list[dict[st
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m jobqueue.recovery", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m jobqueue.benchmarks.recovery", description=__doc__)
     p.add_argument("--trials", type=int, default=int(os.environ.get("JOBQUEUE_BENCH_TRIALS", 10)))
     p.add_argument("--signals", default="SIGKILL,SIGSTOP")
     p.add_argument("--lease", type=float, default=5.0)

@@ -1,4 +1,5 @@
-"""The course's benchmark, done honestly: `python -m jobqueue.bench` (`make bench`).
+"""The core numbers in a minute, without Jupyter: `python -m jobqueue.benchmarks.quick`
+(`make bench-quick`; `make bench` runs the notebooks instead).
 
 Two questions, measured separately because they have different answers:
 
@@ -38,6 +39,7 @@ from typing import Any
 from sqlalchemy import make_url
 
 from jobqueue import db, migrations
+from jobqueue.benchmarks.handlers import noop
 from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry
 from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, JobRunner
@@ -71,15 +73,11 @@ FROM jobs WHERE id = $1
 # -- the database --------------------------------------------------------------
 
 
-async def _noop(session: Any, payload: dict[str, Any]) -> None:
-    """Does nothing: the benchmark measures the queue, not a handler."""
-
-
 def bench_registry() -> HandlerRegistry:
     """A private registry, so the benchmark neither needs nor disturbs the
     application's handlers."""
     registry = HandlerRegistry()
-    registry.add(NOOP, _noop)
+    registry.add(NOOP, noop)
     return registry
 
 
@@ -91,7 +89,7 @@ async def prepare_database(url: str, name: str = BENCH_DATABASE) -> str:
     `name` must be `jobqueue_bench` or start with `jobqueue_bench_`; tests pass
     a unique one, so they never drop the database of a `make bench` running on
     the same server (dropping it WITH (FORCE) cuts that run's connections)."""
-    _check_name(name)
+    check_bench_name(name)
     server_url = db.database_url(url)
     bench_url = await db.create_database(server_url, name, replace=True)
     await migrations.upgrade(bench_url)
@@ -101,13 +99,14 @@ async def prepare_database(url: str, name: str = BENCH_DATABASE) -> str:
 
 async def drop_bench_database(url: str, name: str = BENCH_DATABASE) -> None:
     """Remove a benchmark database; `url` is any database on that server."""
-    _check_name(name)
+    check_bench_name(name)
     await db.drop_database(db.database_url(url), name)
 
 
-def _check_name(name: str | None) -> str:
-    """The benchmark TRUNCATEs `jobs` and drops its database; pointed at a real
-    queue by mistake it would destroy it, so only its own names are accepted."""
+def check_bench_name(name: str | None) -> str:
+    """`name`, if it is a benchmark database's; else ValueError. Benchmarks
+    TRUNCATE `jobs` and drop their database: pointed at a real queue by
+    mistake they would destroy it, so only their own names are accepted."""
     if not name or not (name == BENCH_DATABASE or name.startswith(BENCH_DATABASE + "_")):
         raise ValueError(
             f"the benchmark truncates `jobs`, so it only runs on database {BENCH_DATABASE!r} "
@@ -119,7 +118,7 @@ def _check_name(name: str | None) -> str:
 def _bench_url(url: str) -> str:
     """The normalised URL, after checking it names a benchmark database."""
     normalised = db.database_url(url)
-    _check_name(make_url(normalised).database)
+    check_bench_name(make_url(normalised).database)
     return normalised
 
 
@@ -395,7 +394,7 @@ def header(context: dict[str, str]) -> str:
 
 def results_dir() -> Path:
     """`bench-results/` at the checkout's root (git-ignored), else in the cwd."""
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
     base = checkout if (checkout / "alembic.ini").exists() else Path.cwd()
     return base / "bench-results"
 
@@ -435,7 +434,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Options; JOBQUEUE_BENCH_SIZES / JOBQUEUE_BENCH_REPEAT replace the defaults
     (so CI runs `make bench` small), an explicit flag beats both."""
     parser = argparse.ArgumentParser(
-        prog="python -m jobqueue.bench",
+        prog="python -m jobqueue.benchmarks.quick",
         description="Drain N no-op jobs with one worker; measure lone-job latency.")
     parser.add_argument("--sizes", type=parse_sizes,
                         default=parse_sizes(os.environ.get("JOBQUEUE_BENCH_SIZES", DEFAULT_SIZES)),
@@ -478,7 +477,8 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m jobqueue.bench`: the table of `make bench`, and a CSV of every run."""
+    """`python -m jobqueue.benchmarks.quick`: the table of `make bench-quick`, and a CSV
+    of every run."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     results = asyncio.run(run_all(args))

@@ -1,4 +1,4 @@
-"""Handlers the benchmarks and the lab run (`--import jobqueue.bench_handlers`).
+"""Handlers the benchmarks and the lab run (`--import jobqueue.benchmarks.handlers`).
 
 Each does a known amount of work so that a measurement says what it measures:
 nothing at all, a fixed sleep (I/O), or one row written through the handler's
@@ -27,7 +27,7 @@ async def create_tables(conn: Any) -> None:
 
 @handlers.register("noop")
 async def noop(session: AsyncSession, payload: dict[str, Any]) -> None:
-    return None
+    """Does nothing: a drain of these measures the queue, not a handler."""
 
 
 @handlers.register("sleep")

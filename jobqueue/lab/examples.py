@@ -1,5 +1,5 @@
 """The course's three example handlers, loadable with
-`jobqueue worker --import jobqueue.examples`.
+`jobqueue worker --import jobqueue.lab.examples`.
 
 `process_payment` shows why a handler's writes are undone alone when it
 fails: it moves money and records the payment; if either step fails, neither
