@@ -14,9 +14,10 @@ Read on, top-down: `enqueue` (putting jobs in, inside your transaction),
 `registry` (handlers), `worker` (a worker's life: locks, standby, takeover),
 `lane` (a batch: claim, savepoints, one commit), `maintenance` (heartbeat,
 fencing, rescue, pruning), and `queries.sql` (every statement the queue runs).
-Around them: `db` and `embedded` (where the database is), `cli`, `api`,
-`metrics`, `logs`, `report`; `testing` for your tests; `lab` and
-`benchmarks` for the notebooks.
+Around them: `db` and `embedded` (where the database is), `ops` (the CLI, the
+HTTP API, metrics, logs, `jobqueue status`); `testing` for your tests. `lab`
+teaches (the lessons' helpers and example handlers) and `benchmarks`
+measures; the queue never imports either.
 """
 
 from jobqueue.enqueue import enqueue, enqueue_many

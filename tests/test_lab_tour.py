@@ -135,7 +135,7 @@ async def test_a_gated_job_is_seen_processing(engine: AsyncEngine, db_url: str, 
 
 
 async def test_summary_counts_leave_timings_out(engine: AsyncEngine, db_url: str, conn) -> None:
-    from jobqueue.report import queue_summary
+    from jobqueue.ops.status import queue_summary
 
     async with engine.begin() as c:
         await enqueue_many(c, "send_email", [{"to": "a@b.c"}, {"to": "d@e.f"}])

@@ -13,9 +13,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue_many, metrics, report
+from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue_many
 from jobqueue.api import TOKEN_ENV, create_app
-from jobqueue.cli import format_summary
+from jobqueue.ops import metrics
+from jobqueue.ops import status as report
+from jobqueue.ops.cli import format_summary
 from jobqueue.testing import drain, wait_for
 
 

@@ -224,7 +224,7 @@ def _worker_args(batch_size: int, shared: bool, concurrency: int, *extra: str,
 def worker_options(argv: Sequence[str]) -> argparse.Namespace:
     """What a worker given `argv` runs with: the CLI's own parser, defaults
     filled in (and JOBQUEUE_LOG_LEVEL read, as the worker would read it)."""
-    from jobqueue.cli import build_parser
+    from jobqueue.ops.cli import build_parser
 
     return build_parser().parse_args(["worker", *argv])
 

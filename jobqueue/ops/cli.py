@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from jobqueue import db
 from jobqueue.eventloop import LOOPS, loop_factory
-from jobqueue.logs import FORMATS, configure_logging
+from jobqueue.ops.logs import FORMATS, configure_logging
 from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, SAVEPOINT_MODES
 
 logger = logging.getLogger("jobqueue.cli")
@@ -157,7 +157,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from jobqueue.api import create_app
+        from jobqueue.ops.api import create_app
     except ImportError as e:
         raise CliError(f"the HTTP API needs the `api` extra (pip install 'jobqueue[api]'): "
                        f"{e}") from None
@@ -179,14 +179,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from jobqueue import report
+    from jobqueue.ops import status
 
     async def go() -> dict[str, Any] | None:
         conn = await db.connect(db.database_url(), application_name="jobqueue status")
         try:
             if args.job_id is None:
-                return await report.queue_summary(conn, args.window)
-            return await report.job_detail(conn, args.job_id)
+                return await status.queue_summary(conn, args.window)
+            return await status.job_detail(conn, args.job_id)
         finally:
             await conn.close()
 
