@@ -52,7 +52,7 @@ lab: setup
 
 ## lint: ruff and mypy
 lint: setup
-	$(BIN)/ruff check jobqueue tests alembic
+	$(BIN)/ruff check jobqueue tests
 	$(BIN)/mypy jobqueue
 
 db-up: setup

@@ -21,9 +21,9 @@ measures; the queue never imports either.
 """
 
 from jobqueue.enqueue import enqueue, enqueue_many
-from jobqueue.models import Job, JobStatus
 from jobqueue.registry import HandlerRegistry, JobHandler, handlers
 from jobqueue.retry import RetryPolicy
+from jobqueue.schema.models import Job, JobStatus
 from jobqueue.worker import JobRunner, current_job
 
 __version__ = "0.1.0"

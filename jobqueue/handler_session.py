@@ -44,7 +44,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
-from jobqueue.queries import queries
+from jobqueue.schema.queries import queries
 
 #: Most savepoints one batch transaction may open: PostgreSQL's per-backend
 #: cache of subtransaction ids (PGPROC_MAX_CACHED_SUBXIDS).

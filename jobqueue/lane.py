@@ -64,8 +64,8 @@ from jobqueue.handler_session import (
     touched,
     undo_impossible,
 )
-from jobqueue.models import ERROR_MESSAGE_MAX_LENGTH
-from jobqueue.queries import queries
+from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
+from jobqueue.schema.queries import queries
 
 if TYPE_CHECKING:
     from jobqueue.worker import JobRunner

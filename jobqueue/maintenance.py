@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from jobqueue.errors import is_connection_error, one_line
-from jobqueue.locks import LEADER_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
-from jobqueue.queries import queries
+from jobqueue.schema.locks import LEADER_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
+from jobqueue.schema.queries import queries
 
 if TYPE_CHECKING:
     from jobqueue.worker import JobRunner

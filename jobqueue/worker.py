@@ -46,11 +46,11 @@ from jobqueue import db
 from jobqueue.errors import Backoff, is_connection_error, one_line
 from jobqueue.handler_session import lane_engine
 from jobqueue.lane import Lane, current_job
-from jobqueue.locks import ACTIVE_KEY, CHANNEL, LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.maintenance import Fenced, Upkeep, rescue
-from jobqueue.queries import queries
 from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.retry import RetryPolicy
+from jobqueue.schema.locks import ACTIVE_KEY, CHANNEL, LOCK_CLASS, WORKER_LOCK_CLASS
+from jobqueue.schema.queries import queries
 from jobqueue.stats import WorkerStats
 
 __all__ = ["ACTIVE_KEY", "LOCK_CLASS", "WORKER_LOCK_CLASS", "JobRunner", "current_job"]

@@ -19,8 +19,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from jobqueue import HandlerRegistry, db, embedded, migrations
+from jobqueue import HandlerRegistry, db, embedded
 from jobqueue.lab import examples
+from jobqueue.schema import migrations
 from jobqueue.testing import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from jobqueue import db
 from jobqueue.lab import locks
-from jobqueue.locks import LOCK_CLASS, WORKER_LOCK_CLASS
+from jobqueue.schema.locks import LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.worker import JobRunner
 
 

@@ -6,7 +6,7 @@ import asyncpg
 import pytest
 
 from jobqueue import JobRunner, maintenance
-from jobqueue.queries import queries
+from jobqueue.schema.queries import queries
 
 HOUR = 3600.0
 

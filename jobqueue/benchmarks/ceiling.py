@@ -45,7 +45,7 @@ from jobqueue import db
 from jobqueue.benchmarks import save, scenarios
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.handler_session import end_job, lane_engine, start_job, start_transaction
-from jobqueue.queries import queries
+from jobqueue.schema.queries import queries
 
 INSERT = "INSERT INTO bench_rows (job_id) VALUES ($1)"
 INSERT_SA = text("INSERT INTO bench_rows (job_id) VALUES (:id)")

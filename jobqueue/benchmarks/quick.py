@@ -38,10 +38,11 @@ from typing import Any
 
 from sqlalchemy import make_url
 
-from jobqueue import db, migrations
+from jobqueue import db
 from jobqueue.benchmarks.handlers import noop
 from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry
+from jobqueue.schema import migrations
 from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, JobRunner
 
 logger = logging.getLogger(__name__)

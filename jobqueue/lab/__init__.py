@@ -19,8 +19,9 @@ from typing import Any
 
 import asyncpg
 
-from jobqueue import db, migrations
+from jobqueue import db
 from jobqueue.lab import examples
+from jobqueue.schema import migrations
 
 _open: dict[str, list[asyncpg.Connection]] = {}
 

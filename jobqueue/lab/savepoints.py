@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobqueue import lab
-from jobqueue.queries import queries
+from jobqueue.schema.queries import queries
 
 # --- the demo accounts -------------------------------------------------------
 

@@ -35,9 +35,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobqueue.lab import examples  # noqa: F401 - registers the three example handlers
 from jobqueue.lane import current_job
-from jobqueue.locks import ACTIVE_KEY, LOCK_CLASS
 from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.retry import RetryPolicy
+from jobqueue.schema.locks import ACTIVE_KEY, LOCK_CLASS
 from jobqueue.testing import WorkerProcess, wait_for
 
 if TYPE_CHECKING:

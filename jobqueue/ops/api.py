@@ -89,10 +89,10 @@ from jobqueue.enqueue import (
     enqueue,
 )
 from jobqueue.errors import is_connection_error
-from jobqueue.models import ERROR_MESSAGE_MAX_LENGTH, JOB_TYPE_MAX_LENGTH, JobStatus
 from jobqueue.ops import metrics
-from jobqueue.queries import queries
 from jobqueue.registry import HandlerRegistry, check_job_type
+from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, JOB_TYPE_MAX_LENGTH, JobStatus
+from jobqueue.schema.queries import queries
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "TOKEN_ENV", "create_app", "create_router",
            "get_connection", "router"]

@@ -55,7 +55,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from jobqueue import migrations
+    from jobqueue.schema import migrations
 
     asyncio.run(migrations.upgrade(revision=args.revision))
     return 0

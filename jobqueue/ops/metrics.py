@@ -49,8 +49,8 @@ from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from jobqueue.models import STATUS_VALUES
-from jobqueue.queries import queries
+from jobqueue.schema.models import STATUS_VALUES
+from jobqueue.schema.queries import queries
 
 __all__ = ["BUCKETS", "CONTENT_TYPE_LATEST", "WINDOW_SECONDS", "QueueCollector", "Snapshot",
            "render", "snapshot"]

@@ -18,8 +18,8 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db
-from jobqueue.models import STATUS_VALUES
-from jobqueue.queries import queries
+from jobqueue.schema.models import STATUS_VALUES
+from jobqueue.schema.queries import queries
 
 
 def _ms(values: list[float] | None) -> dict[str, float | None]:

@@ -11,23 +11,20 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from jobqueue.db import database_url
 
-_PACKAGE = Path(__file__).resolve().parent
+#: The migration scripts: inside the package, so a checkout and an installed
+#: wheel find them in the same place.
+SCRIPTS = Path(__file__).resolve().parent / "alembic"
+#: Alembic's bookkeeping table, named so it never meets an application's own.
+VERSION_TABLE = "jobqueue_alembic_version"
 
 
 def alembic_config(url: str | None = None) -> Config:
-    """Alembic's config, wherever jobqueue is installed.
-
-    In a checkout the scripts are `alembic/` beside the package; an installed
-    wheel carries them inside the package as `_alembic/`.
-    """
-    for ini in (_PACKAGE.parent / "alembic.ini", _PACKAGE / "_alembic" / "alembic.ini"):
-        if ini.exists():
-            cfg = Config(str(ini))
-            if ini.parent == _PACKAGE / "_alembic":
-                cfg.set_main_option("script_location", str(ini.parent))
-            break
-    else:  # pragma: no cover - a broken install
-        raise FileNotFoundError("jobqueue's alembic scripts are missing from this install")
+    """Alembic's config, built here rather than read from an ini file: the
+    `alembic.ini` at a checkout's root only serves the `alembic` command."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(SCRIPTS))
+    cfg.set_main_option("path_separator", "os")
+    cfg.set_main_option("version_table", VERSION_TABLE)
     cfg.attributes["configure_logging"] = False
     if url:
         cfg.attributes["database_url"] = url

@@ -73,5 +73,5 @@ def _parse(source: str) -> dict[str, Query]:
 
 
 queries: dict[str, Query] = _parse(
-    resources.files("jobqueue").joinpath("queries.sql").read_text(encoding="utf-8")
+    resources.files("jobqueue.schema").joinpath("queries.sql").read_text(encoding="utf-8")
 )

@@ -1,8 +1,8 @@
 """The `jobs` table, as SQLAlchemy metadata.
 
 The table is the queue: every state a job goes through is a row here, so
-`SELECT * FROM jobs` is the whole truth. The migrations in `alembic/` create it;
-this module describes it so that alembic can prove the two agree and so that
+`SELECT * FROM jobs` is the whole truth. The migrations in `alembic/` beside
+this module create it; this module describes it so that alembic can prove the two agree and so that
 applications can query jobs with the ORM if they like. The worker itself never
 loads ORM objects: it runs the statements in `queries.sql`.
 """

@@ -9,7 +9,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import async_engine_from_config
 
 from jobqueue.db import database_url
-from jobqueue.models import Base
+from jobqueue.schema.models import Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
@@ -61,7 +61,7 @@ if context.is_offline_mode():
     run_migrations_offline()
 else:
     connection = config.attributes.get("connection")
-    if connection is not None:  # handed in by jobqueue.migrations
+    if connection is not None:  # handed in by jobqueue.schema.migrations
         _run_sync(connection)
     else:
         asyncio.run(run_migrations_online())
