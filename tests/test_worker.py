@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue, enqueue_many
+from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, db, enqueue, enqueue_many
 from jobqueue.lab.examples import process_payment, send_email
 from jobqueue.testing import drain, wait_for
 
@@ -464,3 +464,20 @@ async def test_a_handler_that_commits_fails_and_writes_nothing(
     row = await job(conn, job_id)
     assert row["status"] == "failed" and "must not commit" in row["error_message"]
     assert await conn.fetchval("SELECT count(*) FROM effects") == 0
+
+
+async def test_a_runner_without_a_database_says_so_and_starts_no_server(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library must not start a database server behind its user's back: with
+    no URL and no DATABASE_URL, run() raises; only the CLI starts one."""
+    from jobqueue import embedded
+
+    def refuse(*args: object) -> str:
+        raise AssertionError("JobRunner started the embedded server")
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setattr(embedded, "ensure_running", refuse)
+    monkeypatch.setattr(embedded.EmbeddedPostgres, "start", refuse)
+    with pytest.raises(db.ConfigError, match="DATABASE_URL"):
+        await JobRunner(install_signal_handlers=False).run()

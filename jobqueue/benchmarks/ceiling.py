@@ -41,7 +41,7 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, create_async_engine
 
-from jobqueue import db
+from jobqueue import db, embedded
 from jobqueue.benchmarks import save, scenarios
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.handler_session import end_job, lane_engine, start_job, start_transaction
@@ -315,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     async def go() -> list[dict[str, Any]]:
         rows = await run(args.jobs, args.repeat, args.batch, args.noop_jobs)
         if args.save:
-            url = db.database_url()
+            url = embedded.database_url()
             save(rows, "ceiling", {**await scenarios.environment(url),
                                     "jobs": str(args.jobs), "repeat": str(args.repeat),
                                     "event_loop": type(asyncio.get_running_loop()).__module__})

@@ -103,7 +103,7 @@ from urllib.parse import quote
 
 import asyncpg
 
-from jobqueue import db
+from jobqueue import db, embedded
 from jobqueue.benchmarks import rss, scenarios
 from jobqueue.benchmarks.peer_worker import (
     HANDLERS,
@@ -271,7 +271,7 @@ async def open_graphile(name: str) -> str:
     `scenarios.close_bench(name)`."""
     folder = install()
     database = check_bench_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
-    url = await db.create_database(db.database_url(), database, replace=True)
+    url = await db.create_database(embedded.database_url(), database, replace=True)
     await _node(folder, ["--schema-only"], {"DATABASE_URL": node_conninfo(url)}, cwd=folder)
     conn = await db.connect(url, application_name="jobqueue bench")
     try:

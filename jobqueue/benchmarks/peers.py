@@ -62,7 +62,7 @@ from typing import Any
 
 import asyncpg
 
-from jobqueue import db
+from jobqueue import db, embedded
 from jobqueue.benchmarks import graphile, rss, scenarios
 from jobqueue.benchmarks.peer_worker import HANDLERS, NOOP, PEER_BENCH_TABLE, PROCESS_PAYMENT
 from jobqueue.benchmarks.quick import check_bench_name
@@ -340,7 +340,7 @@ async def open_peer(system: str, name: str) -> str:
         return await graphile.open_graphile(name)
     peer = _peer(system)
     database = check_bench_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
-    url = await db.create_database(db.database_url(), database, replace=True)
+    url = await db.create_database(embedded.database_url(), database, replace=True)
     await peer.install(url)
     logger.info("%s installed in %s", system, database)
     return url

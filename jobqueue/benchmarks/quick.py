@@ -38,7 +38,7 @@ from typing import Any
 
 from sqlalchemy import make_url
 
-from jobqueue import db
+from jobqueue import db, embedded
 from jobqueue.benchmarks.handlers import noop
 from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry
@@ -456,7 +456,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Prepare once, measure every size `repeat` times and the lone-job latency,
     drop the benchmark database; return everything `main` prints and saves."""
-    server_url = db.database_url()
+    server_url = embedded.database_url()
     bench_url = await prepare_database(server_url)
     try:
         context = {**machine_info(), **(await server_info(bench_url))}

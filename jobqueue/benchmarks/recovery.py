@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jobqueue import db
+from jobqueue import db, embedded
 from jobqueue.benchmarks.quick import (
     drop_bench_database,
     header,
@@ -136,7 +136,7 @@ def summary_table(results: Sequence[dict[str, Any]]) -> str:
 
 
 async def run(trials: int, signals: Sequence[str], lease: float) -> list[dict[str, Any]]:
-    url = await prepare_database(db.database_url(), RECOVERY_DATABASE)
+    url = await prepare_database(embedded.database_url(), RECOVERY_DATABASE)
     try:
         context = {**machine_info(), **await server_info(url)}
         results: list[dict[str, Any]] = []

@@ -44,7 +44,7 @@ from typing import Any
 
 import asyncpg
 
-from jobqueue import db
+from jobqueue import db, embedded
 from jobqueue.benchmarks import rss
 from jobqueue.benchmarks.handlers import BENCH_TABLE
 from jobqueue.benchmarks.quick import (
@@ -93,7 +93,7 @@ async def open_bench(name: str) -> str:
     """A migrated database of this benchmark's own (`jobqueue_bench_<name>`),
     replacing any leftover, with the tables the handlers write; its URL. Pair
     with `close_bench(name)`."""
-    url = await prepare_database(db.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
+    url = await prepare_database(embedded.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
     conn = await db.connect(url)
     try:
         await conn.execute(BENCH_TABLE)
@@ -104,7 +104,7 @@ async def open_bench(name: str) -> str:
 
 
 async def close_bench(name: str) -> None:
-    await drop_bench_database(db.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
+    await drop_bench_database(embedded.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
 
 
 @contextlib.asynccontextmanager

@@ -528,7 +528,8 @@ def create_app(
 ) -> FastAPI:
     """The API as an application (what `jobqueue serve` runs).
 
-    database_url: DATABASE_URL, or the embedded PostgreSQL, when None.
+    database_url: DATABASE_URL when None (`jobqueue serve` starts the embedded
+        PostgreSQL first when that is unset; the app itself never does).
     token: by default `JOBQUEUE_API_TOKEN` as set now; None: no token.
     """
     engine = db.create_engine(database_url)

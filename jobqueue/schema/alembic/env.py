@@ -1,4 +1,4 @@
-"""Alembic environment: async, on DATABASE_URL or the embedded PostgreSQL 16."""
+"""Alembic environment: async, on the URL jobqueue.schema.migrations hands in, or DATABASE_URL."""
 
 import asyncio
 from logging.config import fileConfig
