@@ -11,6 +11,7 @@ starts the embedded PostgreSQL 16 itself when `DATABASE_URL` is unset
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -68,12 +69,14 @@ def asyncpg_connect_args(url: str) -> dict[str, Any]:
     return {k: v for k, v in args.items() if v is not None}
 
 
-async def connect(url: str, application_name: str = "jobqueue") -> asyncpg.Connection:
+async def connect(url: str, application_name: str = "jobqueue",
+                  settings: Mapping[str, str] | None = None) -> asyncpg.Connection:
     """A dedicated connection, never pooled: session-level locks and LISTEN
-    live on a connection, so the connection must stay ours."""
+    live on a connection, so the connection must stay ours. `settings`:
+    server settings for its session (a `statement_timeout`, say)."""
     return await asyncpg.connect(
-        **asyncpg_connect_args(url), server_settings={"application_name": application_name}
-    )
+        **asyncpg_connect_args(url),
+        server_settings={**(settings or {}), "application_name": application_name})
 
 
 def create_engine(url: str | None = None, **kwargs: Any) -> AsyncEngine:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import os
 import signal
@@ -54,9 +55,15 @@ async def wait_for(
 async def drain(
     database_url: str | None = None, *, registry: HandlerRegistry = handlers, **options: Any
 ) -> dict[str, Any]:
-    """Run every job that is due now, then return the worker's report."""
+    """Run every job that is due now, then return the worker's report.
+    `options`: JobRunner's (a `config=`, or its settings); burst is implied."""
     options.setdefault("install_signal_handlers", False)
-    runner = JobRunner(database_url, registry=registry, burst=True, **options)
+    config = options.pop("config", None)
+    if config is not None:
+        options["config"] = dataclasses.replace(config, burst=True)
+    else:
+        options["burst"] = True
+    runner = JobRunner(database_url, registry=registry, **options)
     return await runner.run()
 
 

@@ -166,7 +166,7 @@ async def test_the_active_worker_is_reported(client: httpx.AsyncClient, db_url: 
                      name=runner.name) == 1
         age = value(s, "jobqueue_worker_heartbeat_age_seconds",
                     worker_id=str(runner.worker_id), name=runner.name)
-        assert 0 <= age < runner.lease
+        assert 0 <= age < runner.config.lease
     finally:
         runner.stop()
         await asyncio.wait_for(task, 30)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from jobqueue.benchmarks.quick import quantile
-from jobqueue.stats import LatencyHistogram
+from jobqueue.worker.stats import LatencyHistogram
 
 
 def test_quantiles_are_within_the_bucket_width_of_the_exact_ones() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from jobqueue.lane import current_job
+from jobqueue import current_job
 from jobqueue.registry import handlers
 
 #: The table `write_row` fills; created by `create_tables`.

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from jobqueue import current_job
 from jobqueue.lab import examples  # noqa: F401 - registers the three example handlers
-from jobqueue.lane import current_job
 from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.retry import RetryPolicy
 from jobqueue.schema.locks import ACTIVE_KEY, LOCK_CLASS

@@ -78,23 +78,23 @@ ROLLBACK TO SAVEPOINT jobqueue_job;
 
 -- complete --
 -- Record the successes of a batch, in the transaction that holds their
--- handlers' writes. :held means this transaction took the jobs (`take`):
+-- handlers' writes. :taken means this transaction took the jobs (`take`):
 -- they are still waiting and locked by it. Otherwise only jobs this worker
 -- claimed and still owns are touched: the caller rolls back everything if a
 -- row is missing. Returns each job's latency (from enqueue or due time).
 UPDATE jobs AS j
 SET status = 'completed', completed_at = statement_timestamp(), next_retry_at = NULL,
     result = CAST(d.result AS jsonb), worker_id = :worker_id,
-    started_at = CASE WHEN :held THEN now() ELSE j.started_at END
+    started_at = CASE WHEN :taken THEN now() ELSE j.started_at END
 FROM unnest(CAST(:ids AS uuid[]), CAST(:results AS text[])) AS d(id, result)
 WHERE j.id = d.id
-  AND CASE WHEN :held THEN j.status IN ('pending', 'retrying')
+  AND CASE WHEN :taken THEN j.status IN ('pending', 'retrying')
            ELSE j.status = 'processing' AND j.worker_id = :worker_id END
 RETURNING CAST(extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at))
                AS float8) AS latency;
 
 -- fail --
--- Record failed attempts (:held as in `complete`): each becomes `retrying`,
+-- Record failed attempts (:taken as in `complete`): each becomes `retrying`,
 -- due after its backoff, or `failed` for good; every attempt is appended to
 -- error_history.
 UPDATE jobs AS j
@@ -106,7 +106,7 @@ SET status = CASE WHEN d.retry THEN 'retrying' ELSE 'failed' END,
                   THEN statement_timestamp() + make_interval(secs => d.delay)
                   ELSE j.run_at END,
     completed_at = CASE WHEN d.retry THEN NULL ELSE statement_timestamp() END,
-    started_at = CASE WHEN :held THEN now() ELSE j.started_at END,
+    started_at = CASE WHEN :taken THEN now() ELSE j.started_at END,
     worker_id = :worker_id,
     error_message = d.error,
     error_history = j.error_history || jsonb_build_array(jsonb_build_object(
@@ -114,7 +114,7 @@ SET status = CASE WHEN d.retry THEN 'retrying' ELSE 'failed' END,
 FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[]),
             CAST(:delays AS float8[]), CAST(:retry AS boolean[])) AS d(id, error, delay, retry)
 WHERE j.id = d.id
-  AND CASE WHEN :held THEN j.status IN ('pending', 'retrying')
+  AND CASE WHEN :taken THEN j.status IN ('pending', 'retrying')
            ELSE j.status = 'processing' AND j.worker_id = :worker_id END
 RETURNING j.id;
 

@@ -3,19 +3,19 @@ at once), each living through connections that may drop.
 
 A worker's life, top-down:
 
-1. **Announce.** Open two dedicated connections (never pooled). On the
+1. **Announce.** Open three dedicated connections (never pooled). On the
    *control* connection take a session-level advisory lock on a fresh random
    id: as long as it exists the worker is alive, and PostgreSQL drops it the
    instant the connection dies. On the *monitor* connection register a row in
-   `jobqueue_workers` and start the upkeep loop (heartbeat, fencing, rescue,
-   pruning; see `maintenance.py`).
+   `jobqueue_workers` and start the leader's loop (rescue, pruning); on the
+   *heartbeat* connection, the heartbeat and fencing loop (`upkeep.py`).
 2. **Contest.** In exclusive mode, block in `pg_advisory_lock` for the active
    lock: standbys wait inside PostgreSQL and the first gets it the moment the
    holder's connection ends (a crash), or its backends are terminated (a hang,
    fenced by a standby once its heartbeat is older than the lease). In shared
    mode skip this: every worker works, SKIP LOCKED shares the jobs.
 3. **Work.** LISTEN for new jobs, rescue the jobs of dead workers, run
-   `concurrency` lanes (`lane.py`).
+   `concurrency` lanes (`lane.py`), each given the config and a `Life`.
 4. **Stop or start over.** SIGTERM: stop claiming, let running handlers finish
    within the grace period, hand back what did not start; a second signal or
    the end of the grace period abandons running handlers (their transactions
@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import secrets
 import signal
@@ -44,27 +43,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import db
 from jobqueue.errors import Backoff, is_connection_error, one_line
-from jobqueue.handler_session import lane_engine
-from jobqueue.lane import Lane, current_job
-from jobqueue.maintenance import Fenced, Upkeep, rescue
 from jobqueue.registry import HandlerRegistry, handlers
-from jobqueue.retry import RetryPolicy
 from jobqueue.schema.locks import ACTIVE_KEY, CHANNEL, LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.schema.queries import queries
-from jobqueue.stats import WorkerStats
+from jobqueue.worker import upkeep
+from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.handler import lane_engine
+from jobqueue.worker.lane import Lane, Life
+from jobqueue.worker.stats import WorkerStats
+from jobqueue.worker.upkeep import Fenced, Heartbeat, Leader, rescue
 
-__all__ = ["ACTIVE_KEY", "LOCK_CLASS", "WORKER_LOCK_CLASS", "JobRunner", "current_job"]
-
-logger = logging.getLogger(__name__)
-
-DAY = 86_400.0
-#: Most jobs a lane takes at once unless told otherwise (the CLI's default too).
-DEFAULT_BATCH_SIZE = 1000
-#: Lanes a worker runs unless told otherwise: while one waits for the
-#: database, the other runs its handlers (measured in BENCHMARKS.md: no-op
-#: and one-row jobs alike drain faster with two lanes than with one).
-DEFAULT_CONCURRENCY = 2
-SAVEPOINT_MODES = ("auto", "always")
+logger = logging.getLogger("jobqueue.worker")
 
 
 class _LifeOver(Exception):
@@ -74,37 +63,15 @@ class _LifeOver(Exception):
 class JobRunner:
     """Runs jobs until stopped; `await runner.run()` returns the stats report.
 
-    concurrency: lanes, each with its own connection, running batches side by
-        side: one runs handlers while another waits on the database, and
-        async handlers that wait on I/O overlap.
-    batch_size: most jobs one lane takes and commits at once. Larger batches
-        amortise commits (the dominant cost of a no-op job); a batch is
-        whatever is due, up to this size, so a lone job never waits to fill one.
-    quick_batch: seconds. Jobs that run faster than this (at the lane's recent
-        pace) go in quick batches, sized to last about this long: taken, run
-        and recorded in one transaction, half the row writes, but the jobs
-        never show `processing`. Slower jobs are claimed one at a time and
-        show `processing` with the worker's id while they run. 0: no quick
-        batches; every batch (up to batch_size jobs) commits its claim first.
-    savepoints: "auto": a job runs without a savepoint of its own until a job
-        of its type fails after writing (that one failure rolls its batch back
-        and reruns the jobs before it, each in a savepoint; from then on the
-        type runs in savepoints). "always": every job that touches the
-        database runs in a savepoint, so a failure never reruns batch-mates,
-        at about a third more cost per writing job.
-    shared: every worker works at once instead of one active and standbys.
-    lease: seconds without a heartbeat after which a worker counts as hung
-        and is fenced off; it bounds recovery from a stopped process.
-    poll_interval: longest sleep between looks at the table when no
-        notification arrives (scheduled jobs and retries are woken for on time).
-    grace_period: seconds running handlers get to finish after SIGTERM.
-    burst: stop once nothing is due (tests, benchmarks, cron-style draining).
-    keep_completed / keep_failed: seconds finished jobs are kept before the
-        maintenance leader prunes them.
-    summary_interval: seconds between INFO lines that sum up what the worker
-        did (counts, rate, latency percentiles); 0: none. Each job's own line
-        is at DEBUG (a line per job would cost a fast worker half its speed);
-        failures are WARNINGs, always.
+    database_url: where the jobs are; None: `DATABASE_URL`, and with neither
+        `run()` raises `ConfigError` (the library never starts a server; the
+        `jobqueue` command starts the embedded one itself).
+    registry: the handlers, by job type (`jobqueue.handlers` by default).
+    config: a `WorkerConfig`, or its fields as keyword arguments (`settings`):
+        concurrency, batch_size, quick_batch, savepoints, shared, lease,
+        poll_interval, grace_period, retry_policy, burst, keep_completed,
+        keep_failed, summary_interval (see `WorkerConfig` for each).
+    install_signal_handlers: SIGTERM and SIGINT call `stop()` while `run()` runs.
     """
 
     def __init__(
@@ -112,60 +79,18 @@ class JobRunner:
         database_url: str | None = None,
         *,
         registry: HandlerRegistry = handlers,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        quick_batch: float = 0.05,
-        savepoints: str = "auto",
-        shared: bool = False,
-        lease: float = 5.0,
-        poll_interval: float = 1.0,
-        grace_period: float = 30.0,
-        retry_policy: RetryPolicy | None = None,
-        burst: bool = False,
-        keep_completed: float = 7 * DAY,
-        keep_failed: float = 30 * DAY,
-        summary_interval: float = 10.0,
+        config: WorkerConfig | None = None,
         install_signal_handlers: bool = True,
+        **settings: Any,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if batch_size < 1:
-            raise ValueError("batch size must be at least 1")
-        if not 0 <= quick_batch < math.inf:
-            raise ValueError("quick batch must be a finite number of seconds, 0 or more")
-        if savepoints not in SAVEPOINT_MODES:
-            raise ValueError(f"savepoints must be one of {', '.join(SAVEPOINT_MODES)}, "
-                             f"not {savepoints!r}")
-        if poll_interval <= 0:
-            raise ValueError("poll interval must be positive")
-        if grace_period < 0:
-            raise ValueError("grace period must not be negative")
-        if lease < 0.5:
-            raise ValueError("lease must be at least 0.5 seconds")
-        if keep_completed < 0 or keep_failed < 0:
-            raise ValueError("retention must not be negative")
-        if not 0 <= summary_interval < math.inf:
-            raise ValueError("summary interval must be a finite number of seconds, 0 or more")
+        if config is not None and settings:
+            raise TypeError("pass a WorkerConfig or its settings, not both")
+        self.config = config if config is not None else WorkerConfig(**settings)
         self.database_url = database_url
         self.registry = registry
-        self.concurrency = concurrency
-        self.batch_size = batch_size
-        self.quick_batch = quick_batch
-        self.savepoints = savepoints
         #: Job types that failed after writing without a savepoint: they run
         #: in savepoints from then on (`savepoints="auto"`).
         self.isolated_types: set[str] = set()
-        self.shared = shared
-        self.lease = lease
-        #: Seconds between heartbeats (and fencing checks): several per lease.
-        self.tick = min(0.5, lease / 4)
-        self.poll_interval = poll_interval
-        self.grace_period = grace_period
-        self.retry_policy = retry_policy or RetryPolicy()
-        self.burst = burst
-        self.keep_completed = keep_completed
-        self.keep_failed = keep_failed
-        self.summary_interval = summary_interval
         self.install_signal_handlers = install_signal_handlers
 
         self.worker_id = 0
@@ -174,12 +99,14 @@ class JobRunner:
         self.stats = WorkerStats()
         self.was_active = False
         self.wake = asyncio.Event()
+        #: The monitor connection serves one statement at a time: the leader's
+        #: chores and the runner's hand-backs take turns.
         self.monitor_lock = asyncio.Lock()
         self._stop_requested = asyncio.Event()
         self._abandon = asyncio.Event()
         self._active = asyncio.Event()
         self._monitor: asyncpg.Connection | None = None
-        self._connections: list[asyncpg.Connection] = []  # this life's control and monitor
+        self._connections: list[asyncpg.Connection] = []  # this life's own (not the lanes')
 
     # -- control from outside -------------------------------------------------
 
@@ -192,9 +119,10 @@ class JobRunner:
                                extra={"event": "worker_abandoning", "worker_id": self.worker_id})
                 self._abandon.set()
             return
-        logger.info("stop requested: finishing running jobs (grace %.1fs)", self.grace_period,
+        grace = self.config.grace_period
+        logger.info("stop requested: finishing running jobs (grace %.1fs)", grace,
                     extra={"event": "worker_stopping", "worker_id": self.worker_id,
-                           "grace_period_s": self.grace_period})
+                           "grace_period_s": grace})
         self._stop_requested.set()
         self.wake.set()
 
@@ -213,7 +141,7 @@ class JobRunner:
 
     @property
     def role(self) -> str:
-        if self.shared:
+        if self.config.shared:
             return "shared"
         return "active" if self._active.is_set() else "standby"
 
@@ -258,22 +186,29 @@ class JobRunner:
                 lost = asyncio.Event()
                 control.add_termination_listener(lambda _: lost.set())
 
-                monitor = await db.connect(url, application_name=self._app_name("monitor"))
+                config = self.config
+                monitor = await upkeep.connect(url, self._app_name("monitor"), config)
                 stack.push_async_callback(self._close_monitor, monitor)
                 self._monitor = monitor
                 self._connections.append(monitor)
                 await queries["register_worker"].fetch(
                     monitor, id=self.worker_id, name=self.name,
-                    mode="shared" if self.shared else "exclusive")
-                upkeep = asyncio.create_task(Upkeep(self, monitor).run_forever())
-                stack.push_async_callback(_cancel, upkeep)
-
-                guards = [upkeep, asyncio.ensure_future(lost.wait())]
-                stack.push_async_callback(_cancel, guards[1])
+                    mode="shared" if config.shared else "exclusive")
+                beating = await upkeep.connect(url, self._app_name("heartbeat"), config)
+                stack.push_async_callback(_close, beating)
+                self._connections.append(beating)
+                heartbeat = Heartbeat(config, beating, self.worker_id, lambda: self.role,
+                                      self.stats)
+                leader = Leader(config, monitor, self.worker_id, self.stats, self.monitor_lock)
+                guards = [asyncio.create_task(heartbeat.run_forever()),
+                          asyncio.create_task(leader.run_forever()),
+                          asyncio.ensure_future(lost.wait())]
+                for guard in guards:
+                    stack.push_async_callback(_cancel, guard)
                 if not await self._contest(control, guards):
                     return
                 await self._activate(control)
-                engine = lane_engine(url, self.concurrency, self._app_name("lane"))
+                engine = lane_engine(url, config.concurrency, self._app_name("lane"))
                 stack.push_async_callback(engine.dispose)
                 await self._work(engine, guards)
             except Exception as exc:
@@ -310,8 +245,8 @@ class JobRunner:
 
         The wait happens inside PostgreSQL (`pg_advisory_lock`), so the lock is
         granted the moment its holder's connection ends. `guards` end the wait
-        early: the upkeep loop failing, or this connection being lost."""
-        if self.shared:
+        early: an upkeep loop failing, or this connection being lost."""
+        if self.config.shared:
             return True
         if await queries["try_lock"].fetchval(control, lock_class=LOCK_CLASS, key=ACTIVE_KEY):
             return True
@@ -338,13 +273,14 @@ class JobRunner:
     async def _activate(self, control: asyncpg.Connection) -> None:
         self.state = "active"
         self.was_active = True
+        shared = self.config.shared
         await control.execute("SELECT set_config('application_name', $1, false)",
-                              self._app_name("shared" if self.shared else "active"))
+                              self._app_name("shared" if shared else "active"))
         await control.add_listener(CHANNEL, self._on_notify)
         logger.info("worker %d is %s", self.worker_id,
-                    "working (shared mode)" if self.shared else "active",
+                    "working (shared mode)" if shared else "active",
                     extra={"event": "worker_active", "worker_id": self.worker_id,
-                           "mode": "shared" if self.shared else "exclusive"})
+                           "mode": "shared" if shared else "exclusive"})
         self.stats.start_clock()
         self._active.set()
         async with self.monitor_lock:
@@ -358,7 +294,10 @@ class JobRunner:
 
     async def _work(self, engine: AsyncEngine, guards: Sequence[asyncio.Future[Any]]) -> None:
         """Run the lanes until they finish (burst), a stop, or a guard trips."""
-        lanes = [Lane(self, engine, n) for n in range(self.concurrency)]
+        life = Life(worker_id=self.worker_id, registry=self.registry, stats=self.stats,
+                    isolated_types=self.isolated_types, wake=self.wake,
+                    stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back)
+        lanes = [Lane(self.config, life, engine, n) for n in range(self.config.concurrency)]
         tasks = [asyncio.create_task(lane.run()) for lane in lanes]
         all_lanes: asyncio.Future[list[None]] = asyncio.gather(*tasks)
         summaries = asyncio.create_task(self._log_summaries())
@@ -369,7 +308,7 @@ class JobRunner:
                 _raise_from(guards)
             if not all_lanes.done():
                 self.state = "stopping"
-                await _first(all_lanes, self._abandon.wait(), timeout=self.grace_period)
+                await _first(all_lanes, self._abandon.wait(), timeout=self.config.grace_period)
                 if not all_lanes.done():
                     await self._cut_lanes(lanes, tasks, hand_back=True)
             if self.aborting:
@@ -422,11 +361,12 @@ class JobRunner:
         """Every `summary_interval`, one INFO line of what the worker did since
         the last one (nothing when it did nothing). Its rate counts finished
         jobs (completed, or failed for good), as the final report's does."""
-        if not self.summary_interval:
+        interval = self.config.summary_interval
+        if not interval:
             return
         mark = self.stats.mark()
         while True:
-            await asyncio.sleep(self.summary_interval)
+            await asyncio.sleep(interval)
             summary, mark = self.stats.since(mark)
             if not summary["completed"] + summary["failed"] + summary["retried"]:
                 continue
@@ -457,23 +397,12 @@ class JobRunner:
 
     async def _close_monitor(self, monitor: asyncpg.Connection) -> None:
         self._monitor = None
-        if monitor.is_closed():
-            return
-        try:
-            await queries["unregister_worker"].fetch(monitor, id=self.worker_id)
-            await monitor.close(timeout=5)
-        except Exception:
-            monitor.terminate()
+        await _close(monitor, lambda: queries["unregister_worker"].fetch(monitor,
+                                                                       id=self.worker_id))
 
     async def _close_control(self, control: asyncpg.Connection) -> None:
         """Let go of the locks by closing the connection that holds them."""
-        if control.is_closed():
-            return
-        try:
-            await queries["unlock_all"].fetch(control)
-            await control.close(timeout=5)
-        except Exception:
-            control.terminate()
+        await _close(control, lambda: queries["unlock_all"].fetch(control))
 
     # -- small things ---------------------------------------------------------
 
@@ -522,6 +451,20 @@ def _raise_from(guards: Sequence[asyncio.Future[Any]]) -> None:
             raise guard.exception()  # type: ignore[misc]
     if any(g.done() for g in guards):
         raise ConnectionError("the control connection was lost")
+
+
+async def _close(conn: asyncpg.Connection,
+                 goodbye: Callable[[], Awaitable[Any]] | None = None) -> None:
+    """Close a connection of this life, after its last statement (`goodbye`)
+    if it is still open; a connection that cannot close politely is cut."""
+    if conn.is_closed():
+        return
+    try:
+        if goodbye is not None:
+            await goodbye()
+        await conn.close(timeout=5)
+    except Exception:
+        conn.terminate()
 
 
 async def _cancel(task: asyncio.Future[Any]) -> None:

@@ -1,5 +1,8 @@
-"""The session a handler gets: an `AsyncSession` whose writes commit with its
-job's completion, in the lane's batch transaction, and roll back alone if the
+"""What a handler sees while it runs: its session, `current_job()`, and what
+becomes of what it returns or raises (`encode_result`, `error_text`).
+
+The session is an `AsyncSession` whose writes commit with its job's
+completion, in the lane's batch transaction, and roll back alone if the
 handler fails.
 
 A lane keeps one session for its life, in one SQLAlchemy transaction that
@@ -38,12 +41,17 @@ would open more than `SAVEPOINT_LIMIT` in one transaction.
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import uuid
+from contextvars import ContextVar
+from typing import Any, NamedTuple
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
+from jobqueue.enqueue import check_strings
+from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
 from jobqueue.schema.queries import queries
 
 #: Most savepoints one batch transaction may open: PostgreSQL's per-backend
@@ -61,6 +69,57 @@ COMMITTED = "jobqueue_committed"  # the handler committed the session's connecti
 ISOLATED, PLAIN = "isolated", "plain"
 #: Key in a lane session's `info` dict: a handler is running.
 IN_HANDLER = "jobqueue_in_handler"
+
+
+class ClaimedJob(NamedTuple):
+    """A job as a lane runs it (a tuple: built straight from the claimed row)."""
+
+    id: uuid.UUID
+    job_type: str
+    payload: str
+    retry_count: int
+    max_retries: int
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first run, 2 for the first retry, …"""
+        return self.retry_count + 1
+
+
+_current_job: ContextVar[ClaimedJob | None] = ContextVar("jobqueue_current_job", default=None)
+
+
+def current_job() -> ClaimedJob:
+    """The job the calling handler is running (its id, type, attempt).
+
+    Handlers take (session, payload); this gives them the rest when they need
+    it, for an idempotency key or a log line.
+    """
+    job = _current_job.get()
+    if job is None:
+        raise LookupError("current_job() is only available inside a handler")
+    return job
+
+
+def error_text(exc: BaseException) -> str:
+    """The error as text PostgreSQL can store (no NUL, no lone surrogate)."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:ERROR_MESSAGE_MAX_LENGTH]
+
+
+def encode_result(result: Any) -> str | None:
+    """A handler's result as the JSON text `complete` stores; TypeError when
+    PostgreSQL could not store it (the job fails, not its batch)."""
+    if result is None:
+        return None
+    try:
+        check_strings(result, "result")
+        encoded = json.dumps(result, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        encoded.encode("utf-8")
+    except (TypeError, ValueError) as e:  # UnicodeEncodeError is a ValueError
+        raise TypeError(f"handler result is not JSON PostgreSQL can store: {e}") from None
+    return encoded
 
 
 class HandlerError(RuntimeError):

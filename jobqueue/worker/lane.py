@@ -2,7 +2,7 @@
 
 A batch is one transaction and one commit, whatever its size; one `complete`
 and one `fail` statement record every outcome. Handlers write through the
-lane's session, straight into the batch (`handler_session.py`): *plain*, with
+lane's session, straight into the batch (`handler.py`): *plain*, with
 no savepoint, until a job of their type fails after touching the database.
 That failure cannot be undone alone, so the batch rolls back and runs again
 with a savepoint per job (`Lane._rerun_isolated`: what did not write keeps its
@@ -11,10 +11,12 @@ on. A batch ends before it would open more savepoints than PostgreSQL caches
 per transaction (64).
 
 Two ways to take a batch, chosen per batch from how long the lane's recent
-jobs took (`Lane.plan`):
+jobs took (`Lane.plan`, which returns a `Plan`); `batch.py` has each way's
+rule for jobs the lane will not finish:
 
-- **quick** (jobs faster than `quick_batch`, 50 ms by default): lock as many
-  due jobs as should finish within `quick_batch` (up to `batch_size`) inside
+- **taken**, a *quick batch* (jobs faster than `quick_batch`, 50 ms by
+  default): lock as many due jobs as should finish within `quick_batch` (up
+  to `batch_size`) inside
   the batch's own transaction (`take`), run them, record them, commit. One new
   row version per job; a crash rolls everything back and the jobs are simply
   waiting again. Their status goes from `pending` straight to `completed`:
@@ -38,25 +40,42 @@ import json
 import logging
 import time
 import uuid
-from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from jobqueue.enqueue import check_strings
 from jobqueue.errors import is_connection_error, one_line
-from jobqueue.handler_session import (
+from jobqueue.registry import HandlerRegistry
+from jobqueue.schema.queries import queries
+from jobqueue.worker.batch import (
+    CLAIMED,
+    TAKEN,
+    BatchKind,
+    Decided,
+    LostOwnership,
+    Outcomes,
+    Rerun,
+    decided_of,
+    rollback,
+)
+from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.handler import (
     DB_ERROR,
     IN_HANDLER,
     SAVEPOINT_LIMIT,
     SAVEPOINTS,
+    ClaimedJob,
     HandlerCommitError,
     HandlerError,
     SwallowedDatabaseError,
+    _current_job,
     connection_committed,
+    encode_result,
     end_job,
+    error_text,
     refuse_handler_commit,
     roll_back_job,
     start_job,
@@ -64,117 +83,40 @@ from jobqueue.handler_session import (
     touched,
     undo_impossible,
 )
-from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
-from jobqueue.schema.queries import queries
-
-if TYPE_CHECKING:
-    from jobqueue.worker import JobRunner
+from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.worker")
 
 
-class ClaimedJob(NamedTuple):
-    """A job as a lane runs it (a tuple: built straight from the claimed row)."""
+class Plan(NamedTuple):
+    """How a lane takes its next batch (`Lane.plan`)."""
 
-    id: uuid.UUID
-    job_type: str
-    payload: str
-    retry_count: int
-    max_retries: int
-
-    @property
-    def attempt(self) -> int:
-        """1 for the first run, 2 for the first retry, …"""
-        return self.retry_count + 1
+    #: True: a quick batch, taken (locked) inside its own transaction;
+    #: False: claimed (committed as `processing`) before it runs.
+    take: bool
+    #: Most jobs in it.
+    limit: int
 
 
-_current_job: ContextVar[ClaimedJob | None] = ContextVar("jobqueue_current_job", default=None)
+@dataclass(frozen=True)
+class Life:
+    """What a worker's lanes share during one life (one worker id): given by
+    the runner, so that a lane needs neither the runner nor its attributes."""
 
-
-def current_job() -> ClaimedJob:
-    """The job the calling handler is running (its id, type, attempt).
-
-    Handlers take (session, payload); this gives them the rest when they need
-    it, for an idempotency key or a log line.
-    """
-    job = _current_job.get()
-    if job is None:
-        raise LookupError("current_job() is only available inside a handler")
-    return job
-
-
-class LostOwnership(Exception):
-    """Another worker took jobs of this batch: none of its effects may commit."""
-
-
-class _Rerun(Exception):
-    """A plain job's writes cannot be undone alone: the batch must run again,
-    isolated. `error`: the job's failed attempt (None: it succeeded but its
-    session rolled back after writing, so it runs again too)."""
-
-    def __init__(self, job: ClaimedJob, error: str | None) -> None:
-        super().__init__(error)
-        self.job = job
-        self.error = error
-        #: Filled in by Lane._run_jobs: what the rerun keeps, and how many
-        #: jobs that already ran must run again (they wrote, and it was lost).
-        self.decided: dict[uuid.UUID, Decided] = {}
-        self.again = 0
-
-
-class Decided(NamedTuple):
-    """An outcome a rerun of the batch records without running the job again:
-    a success that never touched the database (nothing of it was rolled back),
-    or a failure (its writes are gone either way). `logged`: said already."""
-
-    failed: bool
-    value: str | None  # the encoded result, or the error
-    seconds: float | None  # handler time, for a success
-    logged: bool
-
-
-@dataclass
-class Outcomes:
-    """What happened to the jobs of one batch, in the shape the SQL wants."""
-
-    done_ids: list[uuid.UUID] = field(default_factory=list)
-    results: list[str | None] = field(default_factory=list)
-    handler_times: list[float] = field(default_factory=list)
-    failed_ids: list[uuid.UUID] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    delays: list[float] = field(default_factory=list)
-    retry: list[bool] = field(default_factory=list)
-    not_started: list[uuid.UUID] = field(default_factory=list)
-
-    def success(self, job_id: uuid.UUID, result: str | None, seconds: float) -> None:
-        self.done_ids.append(job_id)
-        self.results.append(result)
-        self.handler_times.append(seconds)
-
-    def failure(self, job_id: uuid.UUID, error: str, retry: bool, delay: float) -> None:
-        self.failed_ids.append(job_id)
-        self.errors.append(error[:ERROR_MESSAGE_MAX_LENGTH])
-        self.retry.append(retry)
-        self.delays.append(delay)
-
-
-def error_text(exc: BaseException) -> str:
-    """The error as text PostgreSQL can store (no NUL, no lone surrogate)."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    text = text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
-    return text[:ERROR_MESSAGE_MAX_LENGTH]
-
-
-def encode_result(result: Any) -> str | None:
-    if result is None:
-        return None
-    try:
-        check_strings(result, "result")
-        encoded = json.dumps(result, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        encoded.encode("utf-8")
-    except (TypeError, ValueError) as e:  # UnicodeEncodeError is a ValueError
-        raise TypeError(f"handler result is not JSON PostgreSQL can store: {e}") from None
-    return encoded
+    worker_id: int
+    registry: HandlerRegistry
+    stats: WorkerStats
+    #: Job types that failed after writing without a savepoint: they run in
+    #: savepoints from then on (`savepoints="auto"`); kept across lives.
+    isolated_types: set[str]
+    #: Set when new jobs may be due (a notification, or a stop).
+    wake: asyncio.Event
+    #: Set by a stop request: take no new batch, start no new job.
+    stop: asyncio.Event
+    #: Set when running lanes are being cut off on purpose: their errors are expected.
+    abandon: asyncio.Event
+    #: Return claimed jobs to the queue on the worker's monitor connection.
+    hand_back: Callable[[list[uuid.UUID] | None], Awaitable[int]]
 
 
 #: Weight of the newest batch in a lane's running estimate of a job's run time.
@@ -184,8 +126,13 @@ _PACE_WEIGHT = 0.3
 class Lane:
     """One of a worker's `concurrency` lanes."""
 
-    def __init__(self, runner: JobRunner, engine: AsyncEngine, number: int) -> None:
-        self.runner = runner
+    def __init__(self, config: WorkerConfig, life: Life, engine: AsyncEngine,
+                 number: int) -> None:
+        self.config = config
+        self.life = life
+        self.worker_id = life.worker_id
+        self.registry = life.registry
+        self.isolated_types = life.isolated_types
         self.engine = engine
         self.number = number
         self.raw: Any = None  # the asyncpg connection, to cut it off when abandoning
@@ -218,42 +165,46 @@ class Lane:
         failure, not a reason to send the whole batch back."""
         return conn.invalidated or self.raw is None or self.raw.is_closed()
 
+    @property
+    def stopping(self) -> bool:
+        return self.life.stop.is_set()
+
     def cut(self) -> None:
         """Close the connection at once (abandoning: its transaction rolls back)."""
         if self.raw is not None and not self.raw.is_closed():
             self.raw.terminate()
 
-    def plan(self) -> tuple[bool, int]:
-        """How to take the next batch: (quick?, how many jobs at most).
+    def plan(self) -> Plan:
+        """How to take the next batch: taken or claimed, how many jobs at most.
 
-        Jobs that run faster than `quick_batch` go in quick batches sized to
-        last about that long (at most `batch_size`); slower ones are claimed
+        Jobs that run faster than `quick_batch` are taken, in quick batches
+        sized to last about that long (at most `batch_size`); slower ones are claimed
         one at a time, so `processing` means running and no transaction stays
         open across many slow jobs. A lane that has not run anything yet
         claims one job to learn the pace. `quick_batch` 0: claimed batches of
-        up to `batch_size`, never quick. Jobs that write are at most
+        up to `batch_size`, never taken. Jobs that write are at most
         SAVEPOINT_LIMIT to a batch, one savepoint each."""
-        runner = self.runner
-        limit = runner.batch_size
+        config = self.config
+        limit = config.batch_size
         if self.savepoints_per_job > 0:
             limit = min(limit, max(1, int(SAVEPOINT_LIMIT / self.savepoints_per_job)))
-        if runner.quick_batch == 0:
-            return False, limit
-        if self.per_job is None or self.per_job > runner.quick_batch:
-            return False, 1
+        if config.quick_batch == 0:
+            return Plan(False, limit)
+        if self.per_job is None or self.per_job > config.quick_batch:
+            return Plan(False, 1)
         if self.per_job > 0:
-            limit = min(limit, int(runner.quick_batch / self.per_job))
-        return True, max(1, limit)
+            limit = min(limit, int(config.quick_batch / self.per_job))
+        return Plan(True, max(1, limit))
 
     async def _loop(self, conn: AsyncConnection) -> None:
-        runner = self.runner
+        wake = self.life.wake
         # One session for the lane's life, in one SQLAlchemy transaction that
         # sends no SQL; each job's savepoint comes from the engine's hooks.
         session = AsyncSession(bind=conn, expire_on_commit=False)
         event.listen(session.sync_session, "before_commit", refuse_handler_commit)
         try:
-            while not runner.stopping:
-                runner.wake.clear()
+            while not self.stopping:
+                wake.clear()
                 if not await self._next_batch(conn, session) \
                         and not await self._wait_for_work():
                     return
@@ -263,38 +214,16 @@ class Lane:
 
     async def _next_batch(self, conn: AsyncConnection, session: AsyncSession) -> bool:
         """Take and run one batch; False when nothing was due."""
-        raw, runner = self.raw, self.runner
-        held, limit = self.plan()
-        if held:
-            taken = await self._lock("take", limit=limit)
-            if taken is None:
-                return False
-            tx, rows = taken
-        else:
-            rows = await queries["claim"].fetch(raw, limit=limit, worker_id=runner.worker_id)
-            if not rows:
-                return False
-            tx = raw.transaction()
-            await tx.start()
-        await self._run_batch(conn, session, tx, list(map(ClaimedJob._make, rows)), held)
+        take, limit = self.plan()
+        batch = TAKEN if take else CLAIMED
+        started = await batch.start(self.raw, limit, self.worker_id)
+        if started is None:
+            return False
+        tx, jobs = started
+        await self._run_batch(conn, session, tx, jobs, batch)
         return True
 
-    async def _lock(self, query: str, **values: Any) -> tuple[Any, list[Any]] | None:
-        """Begin a transaction and lock jobs in it with `query` (take, retake);
-        None, the transaction rolled back, when there were none."""
-        tx = self.raw.transaction()
-        await tx.start()
-        try:
-            rows = await queries[query].fetch(self.raw, **values)
-        except BaseException:
-            await _rollback(tx)
-            raise
-        if not rows:
-            await tx.rollback()
-            return None
-        return tx, rows
-
-    def _full(self, held: bool, started: float, savepoints: int, job: ClaimedJob) -> bool:
+    def _full(self, taken: bool, started: float, savepoints: int, job: ClaimedJob) -> bool:
         """Must the batch stop before `job`? A quick batch that outruns
         quick_batch (slow jobs after fast ones) stops early: its untouched jobs
         are released at the commit, and the lane's pace now says to claim them.
@@ -304,7 +233,7 @@ class Lane:
         if savepoints and savepoints + max(1, self.savepoint_peak.get(job.job_type, 0)
                                            ) > SAVEPOINT_LIMIT:
             return True
-        return held and time.perf_counter() - started > self.runner.quick_batch
+        return taken and time.perf_counter() - started > self.config.quick_batch
 
     def _pace(self, seconds: float, jobs: int, savepoints: int) -> None:
         """Fold a batch's run time and savepoints into the lane's estimates."""
@@ -319,68 +248,73 @@ class Lane:
     async def _wait_for_work(self) -> bool:
         """Sleep until a job may be due. False when a burst run is done."""
         due_in = await queries["next_due"].fetchval(self.raw)
-        if self.runner.burst and (due_in is None or due_in > 0):
+        if self.config.burst and (due_in is None or due_in > 0):
             return False
-        timeout = self.runner.poll_interval
+        timeout = self.config.poll_interval
         if due_in is not None and due_in > 0:
             timeout = min(timeout, float(due_in))
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.runner.wake.wait(), timeout)
+            await asyncio.wait_for(self.life.wake.wait(), timeout)
         return True
 
     async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, tx: Any,
-                         jobs: list[ClaimedJob], held: bool, isolated: bool = False,
+                         jobs: list[ClaimedJob], batch: BatchKind, isolated: bool = False,
                          decided: dict[uuid.UUID, Decided] | None = None) -> None:
         """Run a batch in the open transaction `tx`; one commit records every outcome.
-        `held`: the jobs were taken by this transaction, not claimed before it.
+        `batch`: how its jobs are held (taken by this transaction, or claimed).
         `isolated`: every job in a savepoint of its own (else only the job
         types that need one). `decided`: outcomes recorded without running
         those jobs again (a rerun's)."""
-        runner = self.runner
+        life = self.life
         outcomes = Outcomes()
         decided = decided or {}
         try:
-            await self._run_jobs(conn, session, jobs, held, isolated, decided, outcomes)
-            latencies = await self._record(outcomes, held)
+            await self._run_jobs(conn, session, jobs, batch, isolated, decided, outcomes)
+            latencies = await self._record(outcomes, batch)
             await tx.commit()
-        except _Rerun as rerun:
-            await _rollback(tx)
-            await self._rerun_isolated(conn, session, jobs, held, rerun)
+        except Rerun as rerun:
+            await rollback(tx)
+            await self._rerun_isolated(conn, session, jobs, batch, rerun)
             return
         except LostOwnership:
-            await _rollback(tx)
+            await rollback(tx)
             logger.warning("batch of %d rolled back: another worker took some of its jobs",
                            len(jobs), extra={"event": "batch_lost", "jobs": len(jobs),
-                                             "worker_id": runner.worker_id})
-            if not held:
-                await runner.hand_back([job.id for job in jobs])
+                                             "worker_id": self.worker_id})
+            await self._hand_back(batch, jobs)
             return
         except Exception as exc:
-            await _rollback(tx)
-            if runner.aborting:
+            await rollback(tx)
+            if life.abandon.is_set():
                 raise
             if not is_connection_error(exc):
-                await self._after_batch_error(conn, session, jobs, held, exc, decided)
+                await self._after_batch_error(conn, session, jobs, batch, exc, decided)
                 return
             logger.error("lane %d: connection lost mid-batch; %d job(s) go back to the queue",
                          self.number, len(jobs),
                          extra={"event": "batch_connection_lost", "lane": self.number,
-                                "jobs": len(jobs), "worker_id": runner.worker_id,
+                                "jobs": len(jobs), "worker_id": self.worker_id,
                                 "error": one_line(exc)})
-            if not held:
-                await runner.hand_back([job.id for job in jobs])
+            await self._hand_back(batch, jobs)
             raise
-        runner.stats.count_batch(outcomes, latencies)
+        life.stats.count_batch(outcomes, latencies)
         if outcomes.done_ids and logger.isEnabledFor(logging.DEBUG):
             self._log_completed(jobs, outcomes)  # committed: now they are done
 
+    async def _hand_back(self, batch: BatchKind, jobs: list[ClaimedJob]) -> None:
+        """The batch rolled back and will not run again here: its jobs go back
+        to the queue as `batch`'s rule says."""
+        ids = batch.to_hand_back([job.id for job in jobs])
+        if ids:
+            await self.life.hand_back(ids)
+
     async def _run_jobs(self, conn: AsyncConnection, session: AsyncSession,
-                        jobs: list[ClaimedJob], held: bool, isolated: bool,
+                        jobs: list[ClaimedJob], batch: BatchKind, isolated: bool,
                         decided: dict[uuid.UUID, Decided], out: Outcomes) -> None:
         """The batch's handlers, one after another, until done or `_full`;
         the `decided` jobs' outcomes first, without running them."""
-        runner = self.runner
-        always = isolated or runner.savepoints == "always"
+        always = isolated or self.config.savepoints == "always"
+        taken, isolated_types, stop = batch.taken, self.isolated_types, self.life.stop
         info, session_info = conn.info, session.info
         start_transaction(info)
         for job in jobs:
@@ -390,15 +324,15 @@ class Lane:
         touched_ids: set[uuid.UUID] = set()
         started, ran = time.perf_counter(), 0
         for job in todo:
-            if runner.stopping or (ran and self._full(held, started, info[SAVEPOINTS], job)):
+            if stop.is_set() or (ran and self._full(taken, started, info[SAVEPOINTS], job)):
                 out.not_started = [job.id for job in todo[ran:]]
                 break
             opened = info[SAVEPOINTS]
             try:
                 await self._run_one(conn, session, job, out, info, session_info,
-                                    always or job.job_type in runner.isolated_types)
-            except _Rerun as rerun:
-                rerun.decided, rerun.again = _decided(out, touched_ids, rerun)
+                                    always or job.job_type in isolated_types)
+            except Rerun as rerun:
+                rerun.decided, rerun.again = decided_of(out, touched_ids, rerun)
                 raise
             if touched(info):
                 touched_ids.add(job.id)
@@ -416,7 +350,7 @@ class Lane:
             self._fail(job, outcome.value or "", out, None, log=not outcome.logged)
 
     async def _after_batch_error(self, conn: AsyncConnection, session: AsyncSession,
-                                 jobs: list[ClaimedJob], held: bool, exc: Exception,
+                                 jobs: list[ClaimedJob], batch: BatchKind, exc: Exception,
                                  decided: dict[uuid.UUID, Decided]) -> None:
         """The batch could not be recorded or committed (a deferred constraint
         a handler broke, say): it rolled back whole. Run its jobs again one per
@@ -426,37 +360,37 @@ class Lane:
             logger.warning("batch of %d could not commit (%s); running its jobs one by one",
                            len(jobs), one_line(exc),
                            extra={"event": "batch_split", "jobs": len(jobs),
-                                  "worker_id": self.runner.worker_id, "error": one_line(exc)})
+                                  "worker_id": self.worker_id, "error": one_line(exc)})
             for job in jobs:
-                again = await self._begin_for(job, held)
+                again = await batch.again(self.raw, [job])
                 if again is not None:
-                    await self._run_batch(conn, session, again[0], [again[1]], held,
+                    await self._run_batch(conn, session, *again, batch,
                                           isolated=True, decided=decided)
             return
-        again = await self._begin_for(jobs[0], held)
+        again = await batch.again(self.raw, jobs)
         if again is None:
             return
-        tx, job = again
+        tx, [job] = again
         out = Outcomes()
         retry = job.retry_count < job.max_retries
-        delay = self.runner.retry_policy.delay(job.attempt) if retry else 0.0
+        delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
         out.failure(job.id, error_text(exc), retry=retry, delay=delay)
         try:
-            await self._record(out, held)
+            await self._record(out, batch)
             await tx.commit()
         except BaseException:
-            await _rollback(tx)
+            await rollback(tx)
             raise
-        self.runner.stats.count_batch(out, [])
+        self.life.stats.count_batch(out, [])
         logger.warning("job %s (%s) attempt %d failed at commit: %s", job.id, job.job_type,
                        job.attempt, error_text(exc),
                        extra={"event": "job_failed", "job_id": str(job.id),
                               "job_type": job.job_type, "attempt": job.attempt,
-                              "worker_id": self.runner.worker_id, "retry": retry,
+                              "worker_id": self.worker_id, "retry": retry,
                               "error": error_text(exc)})
 
     async def _rerun_isolated(self, conn: AsyncConnection, session: AsyncSession,
-                              jobs: list[ClaimedJob], held: bool, rerun: _Rerun) -> None:
+                              jobs: list[ClaimedJob], batch: BatchKind, rerun: Rerun) -> None:
         """A plain job (the culprit) failed after touching the database, or
         rolled its session back after writing: the batch has rolled back, and
         runs again with every job in a savepoint of its own. Jobs already
@@ -465,8 +399,8 @@ class Lane:
         second time (their writes still commit once; what they did outside the
         database happens twice). The culprit's type already runs isolated in
         this worker from now on (`_run_one`), so this happens once per type."""
-        runner, culprit = self.runner, rerun.job
-        runner.stats.rerun += rerun.again
+        culprit = rerun.job
+        self.life.stats.rerun += rerun.again
         self.savepoints_per_job = max(self.savepoints_per_job, 1.0)  # claim batches of 64
         logger.warning("job %s (%s) %s after touching the database, in a batch run without "
                        "savepoints: the batch rolled back and runs again, each job in a "
@@ -477,46 +411,18 @@ class Lane:
                        len(rerun.decided), culprit.job_type,
                        extra={"event": "batch_rerun", "job_id": str(culprit.id),
                               "job_type": culprit.job_type, "jobs": len(jobs),
-                              "rerun": rerun.again, "worker_id": runner.worker_id})
-        if not held:  # still ours: only the transaction is new
-            tx = self.raw.transaction()
-            await tx.start()
-            await self._run_batch(conn, session, tx, jobs, held, isolated=True,
+                              "rerun": rerun.again, "worker_id": self.worker_id})
+        again = await batch.again(self.raw, jobs)  # taken ones: those still free, as they are
+        if again is not None:
+            await self._run_batch(conn, session, *again, batch, isolated=True,
                                   decided=rerun.decided)
-            return
-        # The rollback released them: lock again those no other worker took meanwhile,
-        # as they stand now, in their first order.
-        retaken = await self._lock("retake", ids=[j.id for j in jobs])
-        if retaken is None:
-            return
-        tx, rows = retaken
-        order = {j.id: n for n, j in enumerate(jobs)}
-        retaken_jobs = sorted(map(ClaimedJob._make, rows), key=lambda j: order[j.id])
-        await self._run_batch(conn, session, tx, retaken_jobs, held, isolated=True,
-                              decided=rerun.decided)
-
-    async def _begin_for(self, job: ClaimedJob, held: bool) -> tuple[Any, ClaimedJob] | None:
-        """A transaction for one job of a rolled-back batch, and the job as it
-        stands. A claimed job is still this worker's; a taken one was released
-        by the rollback and is locked again, as it is now (another worker may
-        have tried it meanwhile), unless another worker has it (then None)."""
-        if not held:
-            tx = self.raw.transaction()
-            await tx.start()
-            return tx, job
-        retaken = await self._lock("retake", ids=[job.id])
-        if retaken is None:
-            return None
-        tx, [row] = retaken
-        return tx, ClaimedJob._make(row)
 
     async def _run_one(self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob,
                        out: Outcomes, info: dict[Any, Any], session_info: dict[Any, Any],
                        isolated: bool) -> None:
-        """Run one job's handler and note its outcome in `out`. Raises _Rerun
+        """Run one job's handler and note its outcome in `out`. Raises Rerun
         when a plain job's writes cannot be undone alone."""
-        runner = self.runner
-        handler = runner.registry.get(job.job_type)
+        handler = self.registry.get(job.job_type)
         if handler is None:
             self._fail(job, f"no handler registered for job type {job.job_type!r}", out, None,
                        final=True)
@@ -531,7 +437,7 @@ class Lane:
             finally:
                 session_info[IN_HANDLER] = False
             encoded = await self._returned(session, info, job, result)
-        except _Rerun:
+        except Rerun:
             raise
         except Exception as exc:
             # Back to the job's savepoint: its writes vanish, its batch-mates' stay.
@@ -543,8 +449,8 @@ class Lane:
             if not isolated and touched(info):
                 # Before the batch rolls back and frees its jobs: another lane
                 # that takes this type meanwhile must already isolate it.
-                runner.isolated_types.add(job.job_type)
-                raise _Rerun(job, error_text(exc)) from exc
+                self.isolated_types.add(job.job_type)
+                raise Rerun(job, error_text(exc)) from exc
             self._fail(job, error_text(exc), out, time.perf_counter() - started)
         else:
             out.success(job.id, encoded, time.perf_counter() - started)
@@ -571,15 +477,15 @@ class Lane:
                 "the handler caught a database error and went on; its writes are void")
         encoded = encode_result(result)
         if undo_impossible(info):  # its session rolled back writes we cannot undo alone
-            self.runner.isolated_types.add(job.job_type)
-            raise _Rerun(job, None)
+            self.isolated_types.add(job.job_type)
+            raise Rerun(job, None)
         return encoded
 
     def _fail(self, job: ClaimedJob, error: str, out: Outcomes, seconds: float | None,
               log: bool = True, final: bool = False) -> None:
         """Note a failed attempt: retried after its backoff, or failed for good."""
         retry = not final and job.retry_count < job.max_retries
-        delay = self.runner.retry_policy.delay(job.attempt) if retry else 0.0
+        delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
         out.failure(job.id, error, retry=retry, delay=delay)
         if not log:
             return
@@ -589,7 +495,7 @@ class Lane:
                               "job_type": job.job_type, "attempt": job.attempt,
                               "duration_ms": None if seconds is None else round(seconds * 1000,
                                                                                 3),
-                              "worker_id": self.runner.worker_id, "retry": retry,
+                              "worker_id": self.worker_id, "retry": retry,
                               "retry_in_s": round(delay, 3) if retry else None,
                               "error": error})
 
@@ -598,7 +504,7 @@ class Lane:
         worker logs a summary every `summary_interval` instead: a line per job
         would cost a no-op worker half its speed)."""
         by_id = {job.id: job for job in jobs}
-        worker_id = self.runner.worker_id
+        worker_id = self.worker_id
         for job_id, seconds in zip(out.done_ids, out.handler_times, strict=True):
             job = by_id[job_id]
             ms = round(seconds * 1000, 3)
@@ -608,47 +514,26 @@ class Lane:
                                "job_type": job.job_type, "attempt": job.attempt,
                                "duration_ms": ms, "worker_id": worker_id})
 
-    async def _record(self, out: Outcomes, held: bool) -> list[float]:
+    async def _record(self, out: Outcomes, batch: BatchKind) -> list[float]:
         """Write a batch's outcomes in its transaction; the successes' latencies."""
-        raw, worker_id = self.raw, self.runner.worker_id
+        raw, worker_id, taken = self.raw, self.worker_id, batch.taken
         latencies: list[float] = []
         if out.done_ids:
             rows = await queries["complete"].fetch(
-                raw, ids=out.done_ids, results=out.results, worker_id=worker_id, held=held)
+                raw, ids=out.done_ids, results=out.results, worker_id=worker_id, taken=taken)
             if len(rows) != len(out.done_ids):
                 raise LostOwnership
             latencies = [row[0] for row in rows]
         if out.failed_ids:
             rows = await queries["fail"].fetch(
                 raw, ids=out.failed_ids, errors=out.errors, delays=out.delays,
-                retry=out.retry, worker_id=worker_id, held=held)
+                retry=out.retry, worker_id=worker_id, taken=taken)
             if len(rows) != len(out.failed_ids):
                 raise LostOwnership
-        if out.not_started and not held:  # taken jobs are released by the commit
-            await queries["hand_back"].fetch(raw, ids=out.not_started, worker_id=worker_id)
+        unfinished = batch.to_hand_back(out.not_started)
+        if unfinished:
+            await queries["hand_back"].fetch(raw, ids=unfinished, worker_id=worker_id)
         return latencies
-
-
-def _decided(out: Outcomes, touched_ids: set[uuid.UUID], rerun: _Rerun
-             ) -> tuple[dict[uuid.UUID, Decided], int]:
-    """What a rerun keeps of a batch's first run (`out`): every failure (its
-    writes are gone either way: it had none, or its savepoint took them back)
-    and the successes that never touched the database; and the culprit's own
-    failure. Also how many successes wrote and must run again."""
-    kept = {job_id: Decided(True, error, None, True)
-            for job_id, error in zip(out.failed_ids, out.errors, strict=True)}
-    again = 0
-    for job_id, result, seconds in zip(out.done_ids, out.results, out.handler_times,
-                                       strict=True):
-        if job_id in touched_ids:
-            again += 1
-        else:
-            kept[job_id] = Decided(False, result, seconds, True)
-    if rerun.error is not None:
-        kept[rerun.job.id] = Decided(True, rerun.error, None, False)
-    else:
-        again += 1  # the culprit itself: it succeeded, but its rollback must be honoured
-    return kept, again
 
 
 def _pending(session: Any) -> bool:
@@ -656,9 +541,3 @@ def _pending(session: Any) -> bool:
     are in the identity map, which is empty for handlers that use no ORM
     objects: checked first, it keeps this cheap.)"""
     return bool(session.new or (session.identity_map and (session.dirty or session.deleted)))
-
-
-async def _rollback(tx: Any) -> None:
-    """Roll back if still open; on a dead connection there is nothing to undo."""
-    with contextlib.suppress(Exception):
-        await tx.rollback()
