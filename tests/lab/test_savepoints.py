@@ -95,8 +95,8 @@ async def test_sql_trace_names_jobqueue_queries_and_a_swallowed_error_fails_the_
                            [{"payment_id": "p-2", "user_id": 2, "amount": -200}], max_retries=0)
     with savepoints.sql_trace() as trace:
         await drain(db_url, registry=registry)
-    assert "claim  (jobqueue/queries.sql)" in trace
-    assert "complete  (jobqueue/queries.sql)" in trace
+    assert "claim  (jobqueue/schema/queries.sql)" in trace
+    assert "complete  (jobqueue/schema/queries.sql)" in trace
     jobs = await savepoints.job_outcomes(accounts)
     assert list(zip(jobs["payment_id"], jobs["status"], jobs["error"], strict=True)) == [
         ("p-1", "completed", ""), ("p-2", "failed", "SwallowedDatabaseError")]

@@ -1,15 +1,8 @@
-"""The benchmark itself, small: it must run, lose nothing and report sane figures.
-
-It creates its own database on the test server, so it needs only
-`server_url`, not the per-test database of the other tests. The name is unique
-(`jobqueue_bench_<hex>`): the fixed `jobqueue_bench` belongs to `make bench`,
-and dropping it while a benchmark runs on the same server would kill that run.
-"""
+"""`python -m jobqueue.benchmarks.quick`, small: it must run, lose nothing and
+report sane figures. It works in a benchmark database of its own
+(`bench_database`), not in the per-test database of the other tests."""
 
 from __future__ import annotations
-
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -19,10 +12,8 @@ from jobqueue.worker import DEFAULT_CONCURRENCY
 
 
 @pytest.fixture
-async def bench_url(server_url: str) -> AsyncIterator[str]:
-    name = f"{bench.BENCH_DATABASE}_{uuid.uuid4().hex[:12]}"
-    yield await bench.prepare_database(server_url, name)
-    await bench.drop_bench_database(server_url, name)
+def bench_url(bench_database: str) -> str:
+    return bench_database
 
 
 def _ordered(result: dict, prefix: str) -> None:
