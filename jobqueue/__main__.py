@@ -1,3 +1,3 @@
-from jobqueue.cli import main
+from jobqueue.ops.cli import main
 
 main()

@@ -1,13 +1,17 @@
-"""Where the database is and how to reach it.
+"""Where the database is and how to reach it: URLs and connections only.
 
-`DATABASE_URL` wins when set (SQLAlchemy form, `postgresql+asyncpg://…`; plain
-`postgresql://` and `postgres://` are accepted). Otherwise the embedded
-PostgreSQL 16 is used, started on first need.
+A URL passed in wins, then `DATABASE_URL` (SQLAlchemy form,
+`postgresql+asyncpg://…`; plain `postgresql://` and `postgres://` are
+accepted). With neither, `database_url()` raises ConfigError: a library must
+not start a database server behind its user's back. The `jobqueue` command
+starts the embedded PostgreSQL 16 itself when `DATABASE_URL` is unset
+(`jobqueue.embedded`, an optional extra).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -20,13 +24,17 @@ class ConfigError(ValueError):
     """A setting the user gave cannot work; the message says which and why."""
 
 
+#: What a ConfigError says when no database was named.
+NO_DATABASE = ("no database: pass a URL or set DATABASE_URL (`jobqueue db up` starts the "
+               "embedded PostgreSQL 16, `jobqueue db url` prints its URL)")
+
+
 def database_url(url: str | None = None) -> str:
-    """The SQLAlchemy URL to use, with the asyncpg driver."""
+    """The SQLAlchemy URL to use, with the asyncpg driver: `url`, else
+    `DATABASE_URL`, else a ConfigError (never a server started on the quiet)."""
     raw = url or os.environ.get("DATABASE_URL")
     if not raw:
-        from jobqueue import embedded
-
-        raw = embedded.ensure_running()
+        raise ConfigError(NO_DATABASE)
     return normalize_url(raw)
 
 
@@ -61,12 +69,14 @@ def asyncpg_connect_args(url: str) -> dict[str, Any]:
     return {k: v for k, v in args.items() if v is not None}
 
 
-async def connect(url: str, application_name: str = "jobqueue") -> asyncpg.Connection:
+async def connect(url: str, application_name: str = "jobqueue",
+                  settings: Mapping[str, str] | None = None) -> asyncpg.Connection:
     """A dedicated connection, never pooled: session-level locks and LISTEN
-    live on a connection, so the connection must stay ours."""
+    live on a connection, so the connection must stay ours. `settings`:
+    server settings for its session (a `statement_timeout`, say)."""
     return await asyncpg.connect(
-        **asyncpg_connect_args(url), server_settings={"application_name": application_name}
-    )
+        **asyncpg_connect_args(url),
+        server_settings={**(settings or {}), "application_name": application_name})
 
 
 def create_engine(url: str | None = None, **kwargs: Any) -> AsyncEngine:

@@ -18,8 +18,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from jobqueue.queries import queries
 from jobqueue.registry import check_job_type
+from jobqueue.schema.queries import queries
 
 #: Retries beyond this are surely a mistake (and must fit an integer column).
 MAX_RETRIES_LIMIT = 1000

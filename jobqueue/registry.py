@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from jobqueue.models import JOB_TYPE_MAX_LENGTH
+from jobqueue.schema.models import JOB_TYPE_MAX_LENGTH
 
 logger = logging.getLogger(__name__)
 

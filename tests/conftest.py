@@ -9,6 +9,8 @@ their own database.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,7 +21,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from jobqueue import HandlerRegistry, db, embedded, examples, migrations
+from jobqueue import HandlerRegistry, db, embedded
+from jobqueue.schema import migrations
 from jobqueue.testing import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +63,6 @@ async def template_url(server_url: str) -> AsyncIterator[str]:
     await migrations.upgrade(url)
     engine = create_async_engine(url)
     async with engine.begin() as conn:
-        await examples.create_tables(conn)
         for statement in TEST_TABLES:
             await conn.exec_driver_sql(statement)
     await engine.dispose()
@@ -93,6 +95,16 @@ async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
             await c.close(timeout=5)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             c.terminate()
+
+
+def run_cli(*args: str, url: str | None) -> subprocess.CompletedProcess[str]:
+    """`python -m jobqueue ARGS` as a user runs it, on `url` (None: with
+    DATABASE_URL unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    if url:
+        env["DATABASE_URL"] = url
+    return subprocess.run([sys.executable, "-m", "jobqueue", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from jobqueue import HandlerRegistry, RetryPolicy, api, enqueue_many
 from jobqueue.api import TOKEN_ENV, create_app, create_router
-from jobqueue.cli import build_parser
-from jobqueue.queries import queries
+from jobqueue.ops.cli import build_parser
+from jobqueue.schema.queries import queries
 from jobqueue.testing import drain, wait_for
 from tests.conftest import ROOT
 

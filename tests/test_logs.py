@@ -6,9 +6,7 @@ import asyncio
 import io
 import json
 import logging
-import os
 import re
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from jobqueue import HandlerRegistry, JobRunner, current_job, db, enqueue, enqueue_many
 from jobqueue.logs import JsonFormatter, configure_logging
 from jobqueue.testing import drain, wait_for
-from tests.conftest import ROOT
+from tests.conftest import run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -203,32 +201,25 @@ def test_configure_logging_replaces_its_own_handler_only() -> None:
         configure_logging("INFO", "xml")  # type: ignore[arg-type]
 
 
-def run_cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": url}
-    return subprocess.run([sys.executable, "-m", "jobqueue", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
-
-
 @pytest.mark.parametrize("position", ["after", "before"])
 async def test_worker_log_format_json_from_the_command_line(
     engine: AsyncEngine, db_url: str, position: str
 ) -> None:
     async with engine.begin() as c:
-        job_id = await enqueue(c, "send_email", {"to": "a@x"})
+        job_id = await enqueue(c, "noop", {"to": "a@x"})
     option = ["--log-format", "json", "--log-level", "DEBUG"]
     args = (["worker", *option] if position == "after" else [*option, "worker"])
-    result = run_cli(*args, "--import", "jobqueue.examples", "--burst", url=db_url)
+    result = run_cli(*args, "--import", "tests.handlers", "--burst", url=db_url)
     assert result.returncode == 0, result.stderr
     logged = [json.loads(line) for line in result.stderr.splitlines()]
     done = [e for e in logged if e.get("event") == "job_completed"]
     assert [(e["job_id"], e["job_type"], e["attempt"]) for e in done] == [
-        (str(job_id), "send_email", 1)]
+        (str(job_id), "noop", 1)]
     assert "duration_ms" in done[0] and "worker_id" in done[0]
 
 
 def test_an_unknown_log_format_is_a_usage_error() -> None:
-    result = subprocess.run([sys.executable, "-m", "jobqueue", "status", "--log-format", "xml"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = run_cli("status", "--log-format", "xml", url=None)
     assert result.returncode == 2 and "invalid choice: 'xml'" in result.stderr
 
 
@@ -237,8 +228,8 @@ async def test_the_worker_as_the_readme_starts_it_logs_no_line_per_job(
     """`jobqueue worker --import …` at its defaults (INFO, text): 30 jobs,
     no completion lines; what it did is in its last line."""
     async with engine.begin() as c:
-        await enqueue_many(c, "send_email", [{"to": f"{i}@x"} for i in range(30)])
-    result = run_cli("worker", "--import", "jobqueue.examples", "--burst", url=db_url)
+        await enqueue_many(c, "noop", [{"to": f"{i}@x"} for i in range(30)])
+    result = run_cli("worker", "--import", "tests.handlers", "--burst", url=db_url)
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
     assert not [ln for ln in lines if "completed in" in ln]

@@ -13,9 +13,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue_many, metrics, report
+from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue_many
 from jobqueue.api import TOKEN_ENV, create_app
-from jobqueue.cli import format_summary
+from jobqueue.ops import metrics
+from jobqueue.ops import status as report
+from jobqueue.ops.cli import format_summary
 from jobqueue.testing import drain, wait_for
 
 
@@ -164,7 +166,7 @@ async def test_the_active_worker_is_reported(client: httpx.AsyncClient, db_url: 
                      name=runner.name) == 1
         age = value(s, "jobqueue_worker_heartbeat_age_seconds",
                     worker_id=str(runner.worker_id), name=runner.name)
-        assert 0 <= age < runner.lease
+        assert 0 <= age < runner.config.lease
     finally:
         runner.stop()
         await asyncio.wait_for(task, 30)

@@ -8,8 +8,9 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from jobqueue import db, migrations
-from jobqueue.models import Base
+from jobqueue import db
+from jobqueue.schema import migrations
+from jobqueue.schema.models import Base
 
 
 async def test_models_and_migrations_agree(server_url: str) -> None:

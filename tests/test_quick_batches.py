@@ -17,8 +17,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobqueue import HandlerRegistry, JobRunner, current_job, enqueue, enqueue_many
-from jobqueue.lab.savepoints import sql_trace
 from jobqueue.testing import drain as drain_all
+from jobqueue.testing import sql_trace
 
 
 async def drain(*args: Any, **options: Any) -> dict[str, Any]:
@@ -55,8 +55,8 @@ async def test_a_lanes_first_job_is_claimed_then_quick_batches_follow(
                              quick_batch=1.0)
     assert seen[0] == "processing"  # pace unknown: one job, claimed, to learn it
     assert seen[1:] == ["pending"] * 5  # fast jobs: taken and finished in one transaction
-    assert trace.count("claim  (jobqueue/queries.sql)") == 1
-    assert trace.count("take  (jobqueue/queries.sql)") == 4  # 2 + 2 + 1, then nothing
+    assert trace.count("claim  (jobqueue/schema/queries.sql)") == 1
+    assert trace.count("take  (jobqueue/schema/queries.sql)") == 4  # 2 + 2 + 1, then nothing
     assert report["processed"] == 6 and report["batches"] == 4
     rows = await conn.fetch("SELECT status, started_at, completed_at, worker_id FROM jobs")
     assert {r["status"] for r in rows} == {"completed"}
@@ -86,7 +86,7 @@ async def test_quick_batch_zero_always_claims_first(
     with sql_trace() as trace:
         await drain(db_url, registry=status_recorder(seen), batch_size=2, quick_batch=0)
     assert seen == ["processing"] * 6
-    assert "take  (jobqueue/queries.sql)" not in trace
+    assert "take  (jobqueue/schema/queries.sql)" not in trace
 
 
 async def test_slow_jobs_are_claimed_one_at_a_time_and_show_processing(
@@ -140,7 +140,7 @@ async def test_a_quick_batch_that_cannot_commit_is_rerun_job_by_job(
             ids.append(await enqueue(s, "child", {"p": p}, max_retries=retries))
     with sql_trace() as trace:
         report = await drain(db_url, registry=registry, batch_size=3, quick_batch=60)
-    assert trace.count("retake  (jobqueue/queries.sql)") >= 3
+    assert trace.count("retake  (jobqueue/schema/queries.sql)") >= 3
     statuses = [await conn.fetchval("SELECT status FROM jobs WHERE id = $1", i) for i in ids]
     assert statuses == ["completed", "failed", "completed"]
     error = await conn.fetchval("SELECT error_message FROM jobs WHERE id = $1", ids[1])

@@ -13,8 +13,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue, enqueue_many
-from jobqueue.examples import process_payment, send_email
+from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, db, enqueue, enqueue_many
 from jobqueue.testing import drain, wait_for
 
 FAST_RETRIES = RetryPolicy(base=0.05, factor=2.0, cap=1.0, jitter=0.0)
@@ -23,8 +22,11 @@ FAST_RETRIES = RetryPolicy(base=0.05, factor=2.0, cap=1.0, jitter=0.0)
 @pytest.fixture
 def registry() -> HandlerRegistry:
     r = HandlerRegistry()
-    r.add("send_email", send_email)
-    r.add("process_payment", process_payment)
+
+    @r.register("send_email")
+    async def send_email(session: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        return {"sent_to": payload["to"]}
+
     return r
 
 
@@ -188,37 +190,6 @@ async def test_unknown_job_type_fails_and_the_worker_goes_on(
     assert "no_such_type" in row["error_message"]
     assert await status_of(conn, known) == "completed"
     assert report["processed"] == 1 and report["failed"] == 1
-
-
-async def test_savepoint_keeps_a_failed_payment_from_touching_the_balance(
-    engine: AsyncEngine, db_url: str, registry, conn
-) -> None:
-    await conn.execute("INSERT INTO demo_users (id, balance) VALUES (1, 100)")
-    async with engine.begin() as s:
-        good = await enqueue(s, "process_payment",
-                             {"user_id": 1, "amount": 50, "payment_id": "p1"})
-        duplicate = await enqueue(s, "process_payment",
-                                  {"user_id": 1, "amount": 50, "payment_id": "p1"},
-                                  max_retries=0)
-        overdraft = await enqueue(s, "process_payment",
-                                  {"user_id": 1, "amount": -1000, "payment_id": "p2"},
-                                  max_retries=0)
-        another = await enqueue(s, "process_payment",
-                                {"user_id": 1, "amount": 25, "payment_id": "p3"})
-
-    # One lane, one batch, one transaction (claimed whole: quick_batch=0): the
-    # failures must roll back alone.
-    report = await drain(db_url, registry=registry, batch_size=10, quick_batch=0,
-                         concurrency=1)
-
-    assert report["batches"] == 1
-    assert await conn.fetchval("SELECT balance FROM demo_users WHERE id = 1") == 175
-    assert await conn.fetchval("SELECT count(*) FROM demo_payments") == 2
-    assert await status_of(conn, good) == "completed"
-    assert await status_of(conn, another) == "completed"
-    dup, over = await job(conn, duplicate), await job(conn, overdraft)
-    assert dup["status"] == "failed" and "UniqueViolation" in dup["error_message"]
-    assert over["status"] == "failed" and "CheckViolation" in over["error_message"]
 
 
 async def test_handler_that_swallows_a_database_error_fails_alone(
@@ -464,3 +435,20 @@ async def test_a_handler_that_commits_fails_and_writes_nothing(
     row = await job(conn, job_id)
     assert row["status"] == "failed" and "must not commit" in row["error_message"]
     assert await conn.fetchval("SELECT count(*) FROM effects") == 0
+
+
+async def test_a_runner_without_a_database_says_so_and_starts_no_server(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library must not start a database server behind its user's back: with
+    no URL and no DATABASE_URL, run() raises; only the CLI starts one."""
+    from jobqueue import embedded
+
+    def refuse(*args: object) -> str:
+        raise AssertionError("JobRunner started the embedded server")
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setattr(embedded, "ensure_running", refuse)
+    monkeypatch.setattr(embedded.EmbeddedPostgres, "start", refuse)
+    with pytest.raises(db.ConfigError, match="DATABASE_URL"):
+        await JobRunner(install_signal_handlers=False).run()

@@ -13,7 +13,7 @@ backend's CPU when the server runs on this machine), the median of R runs:
   job joining the batch with `join_transaction_mode="create_savepoint"`
   (what jobqueue did before: SQLAlchemy's savepoints are prepared statements
   with fresh names), one such session reused across jobs, and jobqueue's lane
-  session (`handler_session.py`), isolated (its own savepoint) and plain (none);
+  session (`worker/handler.py`), isolated (its own savepoint) and plain (none);
 - the queue's own statements for a batch of no-op jobs, without a worker:
   claim then complete (two transactions, two row versions per job) against
   take and complete in one (`queries.sql`: claim, take, complete).
@@ -41,11 +41,11 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, create_async_engine
 
-from jobqueue import db
+from jobqueue import db, embedded
 from jobqueue.benchmarks import save, scenarios
 from jobqueue.eventloop import LOOPS, loop_factory
-from jobqueue.handler_session import end_job, lane_engine, start_job, start_transaction
-from jobqueue.queries import queries
+from jobqueue.schema.queries import queries
+from jobqueue.worker.handler import end_job, lane_engine, start_job, start_transaction
 
 INSERT = "INSERT INTO bench_rows (job_id) VALUES ($1)"
 INSERT_SA = text("INSERT INTO bench_rows (job_id) VALUES (:id)")
@@ -223,7 +223,7 @@ def batch_steps(conn: asyncpg.Connection, batch: int
             async with conn.transaction():
                 await queries["complete"].fetch(conn, ids=[r["id"] for r in rows],
                                                 results=[None] * len(rows), worker_id=1,
-                                                held=False)
+                                                taken=False)
 
     async def take_and_complete(n: int) -> None:
         while True:
@@ -233,7 +233,7 @@ def batch_steps(conn: asyncpg.Connection, batch: int
                     return
                 await queries["complete"].fetch(conn, ids=[r["id"] for r in rows],
                                                 results=[None] * len(rows), worker_id=1,
-                                                held=True)
+                                                taken=True)
 
     return fill, [
         (f"claim, then complete (batch {batch})", "two transactions: the claim commits "
@@ -315,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     async def go() -> list[dict[str, Any]]:
         rows = await run(args.jobs, args.repeat, args.batch, args.noop_jobs)
         if args.save:
-            url = db.database_url()
+            url = embedded.database_url()
             save(rows, "ceiling", {**await scenarios.environment(url),
                                     "jobs": str(args.jobs), "repeat": str(args.repeat),
                                     "event_loop": type(asyncio.get_running_loop()).__module__})

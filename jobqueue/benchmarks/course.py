@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
-from jobqueue.models import Job, JobStatus
+from jobqueue.schema.models import Job, JobStatus
 
 
 async def drain(url: str, *, batch_size: int = 10) -> dict[str, Any]:

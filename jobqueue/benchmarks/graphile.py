@@ -103,8 +103,7 @@ from urllib.parse import quote
 
 import asyncpg
 
-from jobqueue import db
-from jobqueue.bench import _check_name
+from jobqueue import db, embedded
 from jobqueue.benchmarks import rss, scenarios
 from jobqueue.benchmarks.peer_worker import (
     HANDLERS,
@@ -113,6 +112,7 @@ from jobqueue.benchmarks.peer_worker import (
     PROCESS_PAYMENT,
     WRITE_ROW,
 )
+from jobqueue.benchmarks.quick import check_bench_name
 from jobqueue.testing import WorkerProcess
 
 logger = logging.getLogger(__name__)
@@ -270,8 +270,8 @@ async def open_graphile(name: str) -> str:
     (SQLAlchemy form, like the other peers'). Pair with
     `scenarios.close_bench(name)`."""
     folder = install()
-    database = _check_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
-    url = await db.create_database(db.database_url(), database, replace=True)
+    database = check_bench_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
+    url = await db.create_database(embedded.database_url(), database, replace=True)
     await _node(folder, ["--schema-only"], {"DATABASE_URL": node_conninfo(url)}, cwd=folder)
     conn = await db.connect(url, application_name="jobqueue bench")
     try:

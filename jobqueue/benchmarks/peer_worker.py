@@ -14,7 +14,7 @@ psycopg both read.
 
 Each peer runs the way its documentation shows, with three job types:
 `noop`; `write_row`, which inserts one row into `bench_rows` (the job's id);
-and `process_payment`, the seed's handler (`jobqueue.examples`): add the
+and `process_payment`, the seed's handler (`jobqueue.lab.examples`): add the
 payload's amount to a user's balance in `demo_users` and record the payment
 in `demo_payments`, both in one transaction. Each reaches the database the
 way that peer's documentation has a task do it:
@@ -68,7 +68,7 @@ HANDLERS = (NOOP, WRITE_ROW, PROCESS_PAYMENT)
 #: The table `write_row` fills in each peer's database (their job ids are bigints).
 PEER_BENCH_TABLE = """CREATE TABLE IF NOT EXISTS bench_rows (
     job_id bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())"""
-#: `jobqueue.examples.process_payment`'s two statements, in each driver's
+#: `jobqueue.lab.examples.process_payment`'s two statements, in each driver's
 #: placeholders (asyncpg `$n`, psycopg `%s`).
 CREDIT = "UPDATE demo_users SET balance = balance + $1 WHERE id = $2 RETURNING balance"
 RECORD = "INSERT INTO demo_payments (payment_id, user_id, amount) VALUES ($1, $2, $3)"

@@ -62,10 +62,10 @@ from typing import Any
 
 import asyncpg
 
-from jobqueue import db
-from jobqueue.bench import _check_name
+from jobqueue import db, embedded
 from jobqueue.benchmarks import graphile, rss, scenarios
 from jobqueue.benchmarks.peer_worker import HANDLERS, NOOP, PEER_BENCH_TABLE, PROCESS_PAYMENT
+from jobqueue.benchmarks.quick import check_bench_name
 from jobqueue.testing import WorkerProcess, wait_for
 
 logger = logging.getLogger(__name__)
@@ -339,8 +339,8 @@ async def open_peer(system: str, name: str) -> str:
     if system == GRAPHILE:
         return await graphile.open_graphile(name)
     peer = _peer(system)
-    database = _check_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
-    url = await db.create_database(db.database_url(), database, replace=True)
+    database = check_bench_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
+    url = await db.create_database(embedded.database_url(), database, replace=True)
     await peer.install(url)
     logger.info("%s installed in %s", system, database)
     return url

@@ -9,7 +9,7 @@
   default: no `--burst`, its INFO logs to a file as a terminal or journal
   would get them), stopped with SIGTERM once every job is done, and required
   to exit 0. Jobs can do real work: `write_row` (one INSERT) or the seed's
-  `process_payment` (`jobqueue.examples`: a balance UPDATE and a payment
+  `process_payment` (`jobqueue.lab.examples`: a balance UPDATE and a payment
   INSERT), and every drain checks that each job wrote exactly its rows.
 - `open_loop`: jobs arrive one by one at a fixed rate, each in its own
   transaction, on a schedule that does not wait for the queue (open loop);
@@ -17,7 +17,7 @@
   and enqueue-to-completion.
 - `recovery`: the active worker is killed (SIGKILL) or frozen (SIGSTOP) under
   load; the time until the standby completes a job, and the timeline of
-  completions around it (see also `jobqueue.recovery`).
+  completions around it (see also `jobqueue.benchmarks.recovery`).
 - `memory_timeline`: one worker drains a big table while its resident memory
   is sampled from outside (`rss`); `drain(..., memory=True)` adds the same
   figures to any drain.
@@ -44,17 +44,18 @@ from typing import Any
 
 import asyncpg
 
-from jobqueue import db, examples
-from jobqueue.bench import (
+from jobqueue import db, embedded
+from jobqueue.benchmarks import rss
+from jobqueue.benchmarks.handlers import BENCH_TABLE
+from jobqueue.benchmarks.quick import (
     drop_bench_database,
     machine_info,
     prepare_database,
     quantile,
     server_info,
 )
-from jobqueue.bench_handlers import BENCH_TABLE
-from jobqueue.benchmarks import rss
-from jobqueue.recovery import recovery_trial
+from jobqueue.benchmarks.recovery import recovery_trial
+from jobqueue.lab import examples
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 from jobqueue.worker import DEFAULT_BATCH_SIZE
 
@@ -65,9 +66,10 @@ LAB_DATABASE_PREFIX = "jobqueue_bench_"
 HANDLERS: dict[str, dict[str, Any]] = {"noop": {}, "write_row": {},
                                        "sleep_10ms": {"seconds": 0.01}, "process_payment": {}}
 #: The module that registers each handler, for the worker's `--import`.
-HANDLER_MODULES = {"noop": "jobqueue.bench_handlers", "write_row": "jobqueue.bench_handlers",
-                   "sleep_10ms": "jobqueue.bench_handlers",
-                   "process_payment": "jobqueue.examples"}
+HANDLER_MODULES = {"noop": "jobqueue.benchmarks.handlers",
+                   "write_row": "jobqueue.benchmarks.handlers",
+                   "sleep_10ms": "jobqueue.benchmarks.handlers",
+                   "process_payment": "jobqueue.lab.examples"}
 QUANTILES = (0.5, 0.95, 0.99, 0.999)
 #: How often `cli_drain` looks whether every job is done. Not part of the
 #: timed span (that comes from the jobs' own timestamps), so it only has to be
@@ -82,7 +84,7 @@ PAYMENT_USERS = 10_000
 
 async def create_demo_tables(conn: asyncpg.Connection) -> None:
     """`bench_rows`'s companions for `process_payment`: the seed's demo tables
-    (`jobqueue.examples.DEMO_TABLES`), in any system's database."""
+    (`jobqueue.lab.examples.DEMO_TABLES`), in any system's database."""
     for statement in examples.DEMO_TABLES:
         await conn.execute(statement)
 
@@ -91,7 +93,7 @@ async def open_bench(name: str) -> str:
     """A migrated database of this benchmark's own (`jobqueue_bench_<name>`),
     replacing any leftover, with the tables the handlers write; its URL. Pair
     with `close_bench(name)`."""
-    url = await prepare_database(db.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
+    url = await prepare_database(embedded.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
     conn = await db.connect(url)
     try:
         await conn.execute(BENCH_TABLE)
@@ -102,7 +104,7 @@ async def open_bench(name: str) -> str:
 
 
 async def close_bench(name: str) -> None:
-    await drop_bench_database(db.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
+    await drop_bench_database(embedded.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
 
 
 @contextlib.asynccontextmanager
@@ -222,7 +224,7 @@ def _worker_args(batch_size: int, shared: bool, concurrency: int, *extra: str,
 def worker_options(argv: Sequence[str]) -> argparse.Namespace:
     """What a worker given `argv` runs with: the CLI's own parser, defaults
     filled in (and JOBQUEUE_LOG_LEVEL read, as the worker would read it)."""
-    from jobqueue.cli import build_parser
+    from jobqueue.ops.cli import build_parser
 
     return build_parser().parse_args(["worker", *argv])
 
@@ -430,7 +432,7 @@ async def open_loop(url: str, *, rate: float, seconds: float,
     """Arrivals at `rate` jobs/s for `seconds`, each enqueued in its own
     transaction at its scheduled time whatever the queue is doing; one idle
     worker process (one lane at `batch_size`, WARNING logs; or, given `flags`,
-    `jobqueue worker --import jobqueue.bench_handlers *flags`). Returns the
+    `jobqueue worker --import jobqueue.benchmarks.handlers *flags`). Returns the
     summary, with the worker's `argv`, and the per-job latencies."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-latency-"))
     argv = _worker_args(batch_size, False, 1) if flags is None else worker_argv("noop", *flags)
@@ -466,7 +468,7 @@ async def soak(url: str, *, rate: float, seconds: float, keep_seconds: float,
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-soak-"))
     timeline: list[dict[str, Any]] = []
     async with _one_worker_and_producers(
-            url, log_dir / "worker.log", connections, "--import", "jobqueue.bench_handlers",
+            url, log_dir / "worker.log", connections, "--import", "jobqueue.benchmarks.handlers",
             "--log-level", "WARNING", "--keep-completed-days", repr(keep_seconds / 86_400)
     ) as (conn, pool, worker):
         vacuums_before = await conn.fetchval(_AUTOVACUUMS)

@@ -19,7 +19,9 @@ from typing import Any
 
 import asyncpg
 
-from jobqueue import db, examples, migrations
+from jobqueue import db, embedded
+from jobqueue.lab import examples
+from jobqueue.schema import migrations
 
 _open: dict[str, list[asyncpg.Connection]] = {}
 
@@ -34,7 +36,7 @@ async def open_database(name: str, *, migrate: bool = True, demo_tables: bool = 
     migrate: create jobqueue's schema (the `jobs` table, …).
     demo_tables: also the example handlers' tables (demo_users, demo_payments).
     """
-    server = db.database_url()
+    server = embedded.database_url()
     url = await db.create_database(server, database_name(name), replace=True)
     _open[url] = []
     if migrate:
@@ -57,7 +59,7 @@ async def connect(url: str, label: str) -> asyncpg.Connection:
 
 async def close_database(name: str) -> None:
     """Close the notebook's connections and drop its database."""
-    server = db.database_url()
+    server = embedded.database_url()
     url = db.with_database(server, database_name(name))
     for conn in _open.pop(url, []):
         if not conn.is_closed():

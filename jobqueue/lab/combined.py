@@ -8,8 +8,8 @@
 4. commits once, and releases the lock.
 
 Written with plain asyncpg and explicit SQL so that every statement is in
-sight; jobqueue's lanes (`jobqueue/lane.py`) do the same per batch, with the
-handlers' statements coming through SQLAlchemy (`jobqueue/handler_session.py`).
+sight; jobqueue's lanes (`jobqueue/worker/lane.py`) do the same per batch, with the
+handlers' statements coming through SQLAlchemy (`jobqueue/worker/handler.py`).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import asyncpg
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from jobqueue.locks import ACTIVE_KEY, LEADER_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
+from jobqueue.schema.locks import ACTIVE_KEY, LEADER_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
 
 if TYPE_CHECKING:
     from jobqueue.worker import JobRunner
@@ -176,7 +176,7 @@ async def advisory_locks(observer: asyncpg.Connection, *,
 
 def jobqueue_lock_name(classid: int, objid: int, objsubid: int,
                        workers: Mapping[int, str] | None = None) -> str:
-    """What one of jobqueue's locks is for (see `jobqueue.locks`); "" if not its."""
+    """What one of jobqueue's locks is for (see `jobqueue.schema.locks`); "" if not its."""
     if objsubid != 2:
         return ""
     if classid == LOCK_CLASS and objid == ACTIVE_KEY:

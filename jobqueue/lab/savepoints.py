@@ -3,27 +3,25 @@
 Helpers that run SQL step by step and report what PostgreSQL answered to each
 step, so a notebook can show a transaction's life as a table: which statement
 succeeded, which failed and with what error, and what `COMMIT` really did.
-And a recorder of the SQL SQLAlchemy sends, to see the savepoints that
+And `sql_trace` (from `jobqueue.testing`), to see the savepoints that
 `begin_nested()` and jobqueue's lanes open and close.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
 import asyncpg
-from sqlalchemy import event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobqueue import lab
-from jobqueue.queries import queries
+from jobqueue.testing import shorten
+from jobqueue.testing import sql_trace as sql_trace  # the lessons call savepoints.sql_trace
 
 # --- the demo accounts -------------------------------------------------------
 
@@ -65,11 +63,6 @@ def pay(payment_id: str, user_id: int, amount: int | str) -> list[str]:
     ]
 
 
-def _short(sql: str, width: int = 72) -> str:
-    one = " ".join(sql.split())
-    return one if len(one) <= width else one[: width - 1] + "…"
-
-
 async def run_steps(conn: asyncpg.Connection, steps: Sequence[str]) -> Any:
     """Run each SQL statement in turn, going on after errors, and return what
     PostgreSQL answered, one row per statement:
@@ -95,115 +88,15 @@ async def run_steps(conn: asyncpg.Connection, steps: Sequence[str]) -> Any:
                 answer = await conn.execute(sql)
         except asyncpg.PostgresError as exc:
             answer = type(exc).__name__
-        rows.append({"statement": _short(sql, 100), "answer": answer, "value": value,
+        rows.append({"statement": shorten(sql, 100), "answer": answer, "value": value,
                      "in transaction": conn.is_in_transaction()})
     return lab.table(rows)
 
 
 # --- what SQLAlchemy sends ---------------------------------------------------
 
-
-def _shape(sql: str) -> str:
-    """A statement with its parameters blanked, to compare SQL texts."""
-    sql = re.sub(r"\$\d+|(?<![:\w]):\w+", "?", sql)
-    return " ".join(sql.split())
-
-
-#: How asyncpg's own type introspection queries begin.
-_DRIVER_INTROSPECTION = ("SELECT current_setting('jit')", "WITH RECURSIVE typeinfo_tree",
-                         "SELECT set_config('jit'")
-
-_NAMED = {_shape(q.sql): name for name, q in queries.items()}
-
-
-def _label(statement: str) -> str:
-    statement = statement.strip().rstrip(";")
-    name = _NAMED.get(_shape(statement))
-    return f"{name}  (jobqueue/queries.sql)" if name else _short(statement, 80)
-
-
-class _Trace:
-    """The hooks of `sql_trace`, writing into one list."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.drivers: list[Any] = []
-
-    @staticmethod
-    def autocommit(conn: Any) -> bool:
-        return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
-
-    def add(self, conn: Any, line: str) -> None:
-        # asyncpg calls its query loggers through the event loop (call_soon):
-        # on a connection it logs, SQLAlchemy's lines take the same queue, so
-        # the trace keeps the order in which the statements were sent.
-        if self.autocommit(conn):
-            asyncio.get_running_loop().call_soon(self.lines.append, line)
-        else:
-            self.lines.append(line)
-
-    def logged(self, record: Any) -> None:
-        if not " ".join(record.query.split()).startswith(_DRIVER_INTROSPECTION):
-            self.lines.append(_label(record.query))
-
-    def connected(self, conn: Any) -> None:
-        driver = conn.connection.driver_connection
-        if self.autocommit(conn) and driver is not None and driver not in self.drivers:
-            driver.add_query_logger(self.logged)
-            self.drivers.append(driver)
-
-    def statement(self, conn: Any, cursor: Any, sql: str, *args: Any) -> None:
-        self.add(conn, _label(sql))
-
-    def failed(self, context: Any) -> None:
-        if context.connection is not None and context.statement:
-            self.add(context.connection, _label(context.statement))
-
-    def transaction(self, word: str) -> Callable[[Any], None]:
-        def hook(conn: Any) -> None:
-            if not self.autocommit(conn):  # then SQLAlchemy's BEGIN/COMMIT send nothing
-                self.lines.append(word)
-        return hook
-
-    def hooks(self) -> dict[str, Callable[..., None]]:
-        # A statement is written down once it has run (or failed), as asyncpg
-        # logs its own: what a hook sends just before a statement (jobqueue's
-        # savepoints) comes first in the trace, as it did on the wire.
-        return {"engine_connect": self.connected, "after_cursor_execute": self.statement,
-                "handle_error": self.failed,
-                "begin": self.transaction("BEGIN"), "commit": self.transaction("COMMIT"),
-                "rollback": self.transaction("ROLLBACK")}
-
-
-@contextmanager
-def sql_trace(engine: AsyncEngine | None = None) -> Iterator[list[str]]:
-    """Record what a connection sends: each statement (shortened; jobqueue's
-    own queries by their name in queries.sql) and BEGIN / COMMIT / ROLLBACK
-    of the transactions around them. On `engine`, or on every engine made
-    while recording (jobqueue's worker makes its own).
-
-    SQLAlchemy's events see what goes through it (sessions, savepoints). A
-    worker's lane runs its batch transactions and its own statements on the
-    driver directly, with SQLAlchemy in autocommit mode: on such connections
-    asyncpg's query logger records those too (leaving out the queries asyncpg
-    sends on its own to learn a type the first time it meets it).
-
-        with sql_trace(engine) as trace:
-            ...
-        print("\\n".join(trace))
-    """
-    target: Any = engine.sync_engine if engine is not None else Engine
-    trace = _Trace()
-    hooks = trace.hooks()
-    for name, fn in hooks.items():
-        event.listen(target, name, fn)
-    try:
-        yield trace.lines
-    finally:
-        for name, fn in hooks.items():
-            event.remove(target, name, fn)
-        for driver in trace.drivers:
-            driver.remove_query_logger(trace.logged)
+# `sql_trace` records it; it lives in jobqueue.testing (the tests use it too)
+# and is named here so that the lessons find it beside the other helpers.
 
 
 async def session_pay(session: AsyncSession, payment_id: str, user_id: int,

@@ -33,18 +33,18 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from jobqueue import examples  # noqa: F401 - registers the three example handlers
-from jobqueue.lane import current_job
-from jobqueue.locks import ACTIVE_KEY, LOCK_CLASS
+from jobqueue import current_job
+from jobqueue.lab import examples  # noqa: F401 - registers the three example handlers
 from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.retry import RetryPolicy
+from jobqueue.schema.locks import ACTIVE_KEY, LOCK_CLASS
 from jobqueue.testing import WorkerProcess, wait_for
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-#: The example handlers of `jobqueue.examples`, by job type.
+#: The example handlers of `jobqueue.lab.examples`, by job type.
 EXAMPLE_TYPES = ("send_email", "generate_report", "process_payment")
 #: States in which a job will not run again.
 FINISHED = ("completed", "failed")
@@ -117,13 +117,13 @@ async def gated(session: AsyncSession, payload: dict[str, Any]) -> dict[str, Any
 
 
 def lesson_registry() -> HandlerRegistry:
-    """A registry of the three examples of `jobqueue.examples` and the lab's
+    """A registry of the three examples of `jobqueue.lab.examples` and the lab's
     handlers. A registry of its own, not the global `handlers`, so what this
     notebook's workers can run is exactly what it lists."""
     registry = HandlerRegistry()
     for job_type in EXAMPLE_TYPES:
         handler = handlers.get(job_type)
-        assert handler is not None, f"jobqueue.examples registers {job_type}"
+        assert handler is not None, f"jobqueue.lab.examples registers {job_type}"
         registry.add(job_type, handler)
     for job_type in lab_handlers:
         handler = lab_handlers.get(job_type)
@@ -423,7 +423,7 @@ def summary_timings(summary: Mapping[str, Any]) -> dict[str, Any]:
 # -- real worker processes, by label ---------------------------------------------------
 
 #: The lesson's worker processes: the benchmark handlers, small batches, quiet.
-WORKER_ARGS = ("--import", "jobqueue.bench_handlers", "--batch-size", "10",
+WORKER_ARGS = ("--import", "jobqueue.benchmarks.handlers", "--batch-size", "10",
                "--log-level", "WARNING")
 
 

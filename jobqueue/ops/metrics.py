@@ -1,0 +1,236 @@
+"""Prometheus metrics, read from the database at scrape time.
+
+The process that serves `/metrics` is usually not the worker (the worker may
+run elsewhere, or be a standby), so nothing is counted in memory: each scrape
+runs a handful of queries (`queries.sql`: `metrics_jobs`, `queue_health`,
+`workers`, `metrics_finished`, `metrics_failed_attempts`) and reports what the
+tables say. Figures about recent work cover a fixed window of the last
+`WINDOW_SECONDS` (60 s), exported as `jobqueue_recent_window_seconds`.
+
+Gauges:
+
+- `jobqueue_jobs{status, job_type}`: jobs in each state (every state of every
+  type present, zeros included).
+- `jobqueue_oldest_pending_age_seconds`: how long the longest-waiting due job
+  (pending or retrying) has been due; 0 when none waits.
+- `jobqueue_jobs_table_live_tuples`, `jobqueue_jobs_table_dead_tuples`,
+  `jobqueue_jobs_table_last_autovacuum_timestamp_seconds` (0: never): the
+  `jobs` table as `pg_stat_user_tables` sees it.
+- `jobqueue_workers{state}`: registered workers by state (standby, active,
+  shared); `jobqueue_active_worker_info{worker_id, name}`: 1 for each worker
+  that works (the active one, or all in shared mode);
+  `jobqueue_worker_heartbeat_age_seconds{worker_id, name}`.
+- `jobqueue_recent_window_seconds`: the window below (60).
+- `jobqueue_completed_recent{job_type}`, `jobqueue_failed_recent{job_type}`:
+  jobs that completed, or failed for good, in the window;
+  `jobqueue_failed_attempts_recent{job_type}`: failed attempts (errors);
+  `jobqueue_retries_recent{job_type}`: those scheduled again;
+  `jobqueue_throughput_jobs_per_second`: finished jobs per second.
+
+Gauge histograms (buckets 1 ms … 60 s), over jobs finished in the window:
+
+- `jobqueue_wait_seconds{job_type}`: from due (enqueued, or `run_at`) to the
+  start of the last attempt;
+- `jobqueue_run_seconds{job_type}`: the last attempt's run time.
+
+Use `render(conn)` from an async web handler (the HTTP API's `GET /metrics`
+does), or `QueueCollector(await snapshot(conn))` in a registry of your own.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from jobqueue.schema.models import STATUS_VALUES
+from jobqueue.schema.queries import queries
+
+__all__ = ["BUCKETS", "CONTENT_TYPE_LATEST", "WINDOW_SECONDS", "QueueCollector", "Snapshot",
+           "render", "snapshot"]
+
+#: Recent figures (throughput, errors, latency histograms) cover this many seconds.
+WINDOW_SECONDS = 60.0
+#: Upper bounds (seconds) of the latency histograms' buckets; +Inf is added.
+BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                              1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+WORKER_STATES = ("standby", "active", "shared")
+
+
+@dataclass
+class Histogram:
+    """Per-bucket counts (not cumulative) of values, with their sum."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    total: float = 0.0
+
+    def add(self, bounds_at_or_above: int, n: int, total: float) -> None:
+        # A value with k bounds at or above it falls in the bucket of bound
+        # len - k (the last, +Inf, when k is 0).
+        self.counts[len(BUCKETS) - bounds_at_or_above] += n
+        self.total += total
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, seen = [], 0
+        for bound, count in zip([*map(str, BUCKETS), "+Inf"], self.counts, strict=True):
+            seen += count
+            out.append((bound, float(seen)))
+        return out
+
+
+@dataclass
+class Snapshot:
+    """What one scrape read from the database."""
+
+    jobs: dict[tuple[str, str], int] = field(default_factory=dict)  # (status, type) -> n
+    oldest_pending_age: float = 0.0
+    live_tuples: int = 0
+    dead_tuples: int = 0
+    last_autovacuum: float = 0.0
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    completed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    failed_attempts: dict[str, int] = field(default_factory=dict)
+    retries: dict[str, int] = field(default_factory=dict)
+    wait: dict[str, Histogram] = field(default_factory=lambda: defaultdict(Histogram))
+    run: dict[str, Histogram] = field(default_factory=lambda: defaultdict(Histogram))
+    window: float = WINDOW_SECONDS
+
+
+async def snapshot(conn: AsyncConnection | AsyncSession,
+                   window: float = WINDOW_SECONDS) -> Snapshot:
+    """Read everything the metrics report, in five queries."""
+    snap = Snapshot(window=window)
+    for row in await conn.execute(queries["metrics_jobs"].text):
+        snap.jobs[(row.status, row.job_type)] = int(row.n)
+
+    health = (await conn.execute(queries["queue_health"].text)).one()
+    snap.oldest_pending_age = max(float(health.oldest_pending_age or 0), 0.0)
+    snap.live_tuples = int(health.live_tuples or 0)
+    snap.dead_tuples = int(health.dead_tuples or 0)
+    snap.last_autovacuum = float(health.last_autovacuum or 0)
+
+    snap.workers = [dict(row) for row in (await conn.execute(queries["workers"].text)).mappings()]
+
+    neg_bounds = [-b for b in reversed(BUCKETS)]
+    result = await conn.execute(queries["metrics_finished"].text,
+                                {"window": window, "neg_bounds": neg_bounds})
+    for row in result:
+        counts = snap.completed if row.status == "completed" else snap.failed
+        counts[row.job_type] += int(row.n)
+        snap.wait[row.job_type].add(row.wait_above, int(row.n), float(row.wait_sum))
+        snap.run[row.job_type].add(row.run_above, int(row.n), float(row.run_sum))
+
+    for row in await conn.execute(queries["metrics_failed_attempts"].text, {"window": window}):
+        snap.failed_attempts[row.job_type] = int(row.failed_attempts)
+        snap.retries[row.job_type] = int(row.retries)
+    return snap
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _by_type(name: str, doc: str, values: dict[str, int], types: list[str]) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=["job_type"])
+    for job_type in types:
+        family.add_metric([job_type], values.get(job_type, 0))
+    return family
+
+
+class QueueCollector(Collector):
+    """A prometheus_client collector that reports one `Snapshot`."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.snap
+        types = sorted({t for _, t in s.jobs} | set(s.completed) | set(s.failed)
+                       | set(s.failed_attempts))
+
+        jobs = GaugeMetricFamily("jobqueue_jobs", "Jobs in each state, by type.",
+                                 labels=["status", "job_type"])
+        for job_type in types:  # every state of every type, zeros included
+            for status in STATUS_VALUES:
+                jobs.add_metric([status, job_type], s.jobs.get((status, job_type), 0))
+        yield jobs
+
+        yield _gauge("jobqueue_oldest_pending_age_seconds",
+                     "Seconds the longest-waiting due job (pending or retrying) has been due; "
+                     "0 when none is waiting.", s.oldest_pending_age)
+        yield _gauge("jobqueue_jobs_table_live_tuples",
+                     "Live rows of the jobs table (pg_stat_user_tables).", s.live_tuples)
+        yield _gauge("jobqueue_jobs_table_dead_tuples",
+                     "Dead rows of the jobs table awaiting vacuum (pg_stat_user_tables).",
+                     s.dead_tuples)
+        yield _gauge("jobqueue_jobs_table_last_autovacuum_timestamp_seconds",
+                     "Unix time of the jobs table's last autovacuum; 0 if never.",
+                     s.last_autovacuum)
+
+        yield from self._workers()
+
+        yield _gauge("jobqueue_recent_window_seconds",
+                     "The window the *_recent metrics and latency histograms cover.", s.window)
+        yield _by_type("jobqueue_completed_recent",
+                       "Jobs completed in the recent window.", s.completed, types)
+        yield _by_type("jobqueue_failed_recent",
+                       "Jobs that failed for good in the recent window.", s.failed, types)
+        yield _by_type("jobqueue_failed_attempts_recent",
+                       "Failed attempts (errors) in the recent window.", s.failed_attempts, types)
+        yield _by_type("jobqueue_retries_recent",
+                       "Failed attempts in the recent window that were scheduled again.",
+                       s.retries, types)
+        finished = sum(s.completed.values()) + sum(s.failed.values())
+        yield _gauge("jobqueue_throughput_jobs_per_second",
+                     "Jobs finished (completed or failed for good) per second over the "
+                     "recent window.", finished / s.window if s.window else 0.0)
+
+        for name, doc, hists in (
+            ("jobqueue_wait_seconds",
+             "From due (enqueue, or run_at) to the start of the last attempt, for jobs "
+             "finished in the recent window.", s.wait),
+            ("jobqueue_run_seconds",
+             "Run time of the last attempt, for jobs finished in the recent window.", s.run),
+        ):
+            family = GaugeHistogramMetricFamily(name, doc, labels=["job_type"])
+            for job_type in sorted(hists):
+                h = hists[job_type]
+                family.add_metric([job_type], h.cumulative(), gsum_value=h.total)
+            yield family
+
+    def _workers(self) -> Iterator[Metric]:
+        states = GaugeMetricFamily("jobqueue_workers", "Registered workers, by state.",
+                                   labels=["state"])
+        for state in WORKER_STATES:
+            states.add_metric([state], sum(w["state"] == state for w in self.snap.workers))
+        yield states
+        info = GaugeMetricFamily("jobqueue_active_worker_info",
+                                 "1 for each worker that is working (active, or shared mode).",
+                                 labels=["worker_id", "name"])
+        age = GaugeMetricFamily("jobqueue_worker_heartbeat_age_seconds",
+                                "Seconds since each worker's last heartbeat.",
+                                labels=["worker_id", "name"])
+        for w in self.snap.workers:
+            labels = [str(w["id"]), w["name"]]
+            if w["state"] in ("active", "shared"):
+                info.add_metric(labels, 1)
+            # The scrape's now() is its transaction's start: a heartbeat that
+            # landed since would be a few ms in the future.
+            age.add_metric(labels, max(float(w["heartbeat_age"]), 0.0))
+        yield info
+        yield age
+
+
+async def render(conn: AsyncConnection | AsyncSession,
+                 window: float = WINDOW_SECONDS) -> bytes:
+    """The metrics in Prometheus' text format (`CONTENT_TYPE_LATEST`)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(await snapshot(conn, window)))
+    return generate_latest(registry)

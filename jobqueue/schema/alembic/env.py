@@ -1,0 +1,67 @@
+"""Alembic environment: async, on the URL jobqueue.schema.migrations hands in, or DATABASE_URL."""
+
+import asyncio
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy import pool
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import async_engine_from_config
+
+from jobqueue.db import database_url
+from jobqueue.schema.models import Base
+
+config = context.config
+if config.config_file_name is not None and config.attributes.get("configure_logging", True):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+target_metadata = Base.metadata
+VERSION_TABLE = config.get_main_option("version_table", "jobqueue_alembic_version")
+
+
+def _url() -> str:
+    return config.attributes.get("database_url") or database_url()
+
+
+def _configure(connection: Connection | None = None, **kwargs: object) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        version_table=VERSION_TABLE,
+        compare_type=True,
+        compare_server_default=True,
+        **kwargs,
+    )
+
+
+def run_migrations_offline() -> None:
+    """Print the SQL instead of running it (`alembic upgrade head --sql`)."""
+    _configure(url=_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def _run_sync(connection: Connection) -> None:
+    _configure(connection)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def run_migrations_online() -> None:
+    engine = async_engine_from_config(
+        {"sqlalchemy.url": _url()}, prefix="sqlalchemy.", poolclass=pool.NullPool
+    )
+    async with engine.connect() as conn:
+        await conn.run_sync(_run_sync)
+        await conn.commit()
+    await engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    connection = config.attributes.get("connection")
+    if connection is not None:  # handed in by jobqueue.schema.migrations
+        _run_sync(connection)
+    else:
+        asyncio.run(run_migrations_online())

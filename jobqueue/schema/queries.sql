@@ -1,0 +1,409 @@
+-- Every statement the queue runs, in one place.
+--
+-- Each query is headed `-- name --` and a one-line comment saying what it is
+-- for. Parameters are bound (`:name`), never formatted in. Times come from the
+-- database's clock: now() for comparisons, statement_timestamp() for what a
+-- statement records (inside a batch transaction, now() is when the batch began).
+
+-- enqueue --
+-- One job, inside the caller's transaction. NULL run_at means due now.
+INSERT INTO jobs (job_type, payload, max_retries, run_at)
+VALUES (:job_type, CAST(:payload AS jsonb), :max_retries,
+        COALESCE(CAST(:run_at AS timestamptz), now()))
+RETURNING id;
+
+-- enqueue_many --
+-- Many jobs of one type in one statement; ids come back in the payloads' order.
+WITH new AS (
+    SELECT gen_random_uuid() AS id, payload, n
+    FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS t(payload, n)
+), inserted AS (
+    INSERT INTO jobs (id, job_type, payload, max_retries, run_at)
+    SELECT id, :job_type, CAST(payload AS jsonb), :max_retries,
+           COALESCE(CAST(:run_at AS timestamptz), now())
+    FROM new
+)
+SELECT id FROM new ORDER BY n;
+
+-- claim --
+-- Take up to :limit due jobs for worker :worker_id and commit at once, so they
+-- show `processing` while a long batch runs. SKIP LOCKED lets concurrent
+-- claimers pass each other instead of queueing up.
+WITH due AS (
+    SELECT id
+    FROM jobs
+    WHERE status IN ('pending', 'retrying') AND run_at <= now()
+    ORDER BY run_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs AS j
+SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
+FROM due
+WHERE j.id = due.id
+RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j.max_retries;
+
+-- take --
+-- Lock up to :limit due jobs inside the batch's own transaction without
+-- writing them: a quick batch is claimed, run and recorded in one transaction,
+-- one new row version per job instead of two. The lock keeps other workers
+-- off until the commit; a crash rolls back and releases them untouched.
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries
+FROM jobs
+WHERE status IN ('pending', 'retrying') AND run_at <= now()
+ORDER BY run_at
+LIMIT :limit
+FOR UPDATE SKIP LOCKED;
+
+-- retake --
+-- Lock given jobs again, if still waiting and due (a quick batch that could
+-- not commit is rerun one job per transaction; meanwhile another worker may
+-- have tried one and scheduled its retry for later).
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries
+FROM jobs
+WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
+  AND run_at <= now()
+FOR UPDATE SKIP LOCKED;
+
+-- job_savepoint --
+-- Before a handler's first statement: its writes from here on can be undone
+-- alone. Never released (the next job's nests inside it); the batch's commit
+-- commits them all. Sent as a simple query: one round trip, nothing prepared.
+SAVEPOINT jobqueue_job;
+
+-- job_rollback --
+-- A handler failed: undo its writes (back to the newest `job_savepoint`, its
+-- own), keep its batch-mates'.
+ROLLBACK TO SAVEPOINT jobqueue_job;
+
+-- complete --
+-- Record the successes of a batch, in the transaction that holds their
+-- handlers' writes. :taken means this transaction took the jobs (`take`):
+-- they are still waiting and locked by it. Otherwise only jobs this worker
+-- claimed and still owns are touched: the caller rolls back everything if a
+-- row is missing. Returns each job's latency (from enqueue or due time).
+UPDATE jobs AS j
+SET status = 'completed', completed_at = statement_timestamp(), next_retry_at = NULL,
+    result = CAST(d.result AS jsonb), worker_id = :worker_id,
+    started_at = CASE WHEN :taken THEN now() ELSE j.started_at END
+FROM unnest(CAST(:ids AS uuid[]), CAST(:results AS text[])) AS d(id, result)
+WHERE j.id = d.id
+  AND CASE WHEN :taken THEN j.status IN ('pending', 'retrying')
+           ELSE j.status = 'processing' AND j.worker_id = :worker_id END
+RETURNING CAST(extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at))
+               AS float8) AS latency;
+
+-- fail --
+-- Record failed attempts (:taken as in `complete`): each becomes `retrying`,
+-- due after its backoff, or `failed` for good; every attempt is appended to
+-- error_history.
+UPDATE jobs AS j
+SET status = CASE WHEN d.retry THEN 'retrying' ELSE 'failed' END,
+    retry_count = j.retry_count + CASE WHEN d.retry THEN 1 ELSE 0 END,
+    next_retry_at = CASE WHEN d.retry
+                         THEN statement_timestamp() + make_interval(secs => d.delay) END,
+    run_at = CASE WHEN d.retry
+                  THEN statement_timestamp() + make_interval(secs => d.delay)
+                  ELSE j.run_at END,
+    completed_at = CASE WHEN d.retry THEN NULL ELSE statement_timestamp() END,
+    started_at = CASE WHEN :taken THEN now() ELSE j.started_at END,
+    worker_id = :worker_id,
+    error_message = d.error,
+    error_history = j.error_history || jsonb_build_array(jsonb_build_object(
+        'attempt', j.retry_count + 1, 'error', d.error, 'at', statement_timestamp()))
+FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[]),
+            CAST(:delays AS float8[]), CAST(:retry AS boolean[])) AS d(id, error, delay, retry)
+WHERE j.id = d.id
+  AND CASE WHEN :taken THEN j.status IN ('pending', 'retrying')
+           ELSE j.status = 'processing' AND j.worker_id = :worker_id END
+RETURNING j.id;
+
+-- hand_back --
+-- Return claimed jobs that did not run (shutdown, a lost transaction) to the
+-- queue as they were: no attempt is counted. NULL :ids means every job the
+-- worker still holds.
+WITH back AS (
+    UPDATE jobs
+    SET status = CASE WHEN retry_count > 0 THEN 'retrying' ELSE 'pending' END,
+        started_at = NULL, worker_id = NULL
+    WHERE status = 'processing' AND worker_id = :worker_id
+      AND (CAST(:ids AS uuid[]) IS NULL OR id = ANY(CAST(:ids AS uuid[])))
+    RETURNING id
+)
+SELECT n, CASE WHEN n > 0 THEN pg_notify('jobqueue', '') END AS notified
+FROM (SELECT count(*) AS n FROM back) AS c;
+
+-- rescue --
+-- Return to the queue the jobs of workers that are gone. A live worker holds
+-- an advisory lock (class :worker_lock_class, key = its id) on its own
+-- connection for as long as it lives; PostgreSQL drops that lock the moment
+-- the connection dies, so a missing lock means a dead worker. The live ids
+-- are read from pg_locks once, not once per job.
+WITH live AS MATERIALIZED (
+    SELECT CAST(objid AS bigint) AS worker_id
+    FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 2
+      AND classid = CAST(:worker_lock_class AS oid)
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), back AS (
+    UPDATE jobs AS j
+    SET status = CASE WHEN j.retry_count > 0 THEN 'retrying' ELSE 'pending' END,
+        started_at = NULL, worker_id = NULL
+    WHERE j.status = 'processing'
+      AND NOT EXISTS (SELECT 1 FROM live WHERE live.worker_id = j.worker_id)
+    RETURNING j.id
+)
+SELECT n, CASE WHEN n > 0 THEN pg_notify('jobqueue', '') END AS notified
+FROM (SELECT count(*) AS n FROM back) AS c;
+
+-- register_worker --
+-- A worker introduces itself; its heartbeat starts now.
+INSERT INTO jobqueue_workers (id, name, mode, state)
+VALUES (:id, :name, :mode, 'standby')
+ON CONFLICT (id) DO UPDATE
+SET name = EXCLUDED.name, mode = EXCLUDED.mode, state = 'standby',
+    started_at = now(), heartbeat_at = now();
+
+-- heartbeat --
+-- "Still here", on the database clock. No row back means this worker was
+-- fenced (declared hung) and must start over.
+UPDATE jobqueue_workers SET heartbeat_at = now(), state = :state
+WHERE id = :id
+RETURNING id;
+
+-- fence --
+-- Cut off workers whose heartbeat is older than :lease seconds (hung, or on a
+-- machine that vanished): terminate every backend they own, which drops
+-- their locks and rolls back their open transactions, then forget them; their
+-- jobs are then rescued like a dead worker's. Workers whose liveness lock is
+-- already gone (crashed) are simply forgotten. The victims are chosen first,
+-- in a materialized CTE: pg_terminate_backend must never run for a row that
+-- merely has not been filtered out yet.
+WITH live AS MATERIALIZED (
+    SELECT CAST(objid AS bigint) AS worker_id
+    FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 2
+      AND classid = CAST(:worker_lock_class AS oid)
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), stale AS (
+    DELETE FROM jobqueue_workers AS w
+    WHERE w.id <> :self_id
+      AND (w.heartbeat_at < now() - make_interval(secs => :lease)
+           OR NOT EXISTS (SELECT 1 FROM live WHERE live.worker_id = w.id))
+    RETURNING w.id, EXISTS (SELECT 1 FROM live WHERE live.worker_id = w.id) AS hung
+), victims AS MATERIALIZED (
+    SELECT s.id, a.pid
+    FROM stale AS s
+    JOIN pg_stat_activity AS a ON a.application_name LIKE 'jobqueue worker ' || s.id || ' %'
+    WHERE s.hung AND a.datname = current_database()
+)
+SELECT s.id, s.hung, count(v.pid) FILTER (WHERE pg_terminate_backend(v.pid)) AS terminated
+FROM stale AS s LEFT JOIN victims AS v ON v.id = s.id
+GROUP BY s.id, s.hung;
+
+-- terminate_lanes --
+-- Cut the lane connections of worker :id: their open transactions roll back.
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS terminated
+FROM pg_stat_activity
+WHERE application_name LIKE 'jobqueue worker ' || CAST(:id AS integer) || ' lane%'
+  AND datname = current_database();
+
+-- unregister_worker --
+-- A worker that stops cleanly says goodbye.
+DELETE FROM jobqueue_workers WHERE id = :id;
+
+-- try_lock --
+-- Take a session lock if nobody holds it: the active worker's lock, or the
+-- maintenance leader's.
+SELECT pg_try_advisory_lock(:lock_class, :key) AS locked;
+
+-- prune --
+-- Delete finished jobs past their retention, a bounded slice at a time.
+DELETE FROM jobs
+WHERE id IN (
+    SELECT id FROM jobs
+    WHERE completed_at < now() - make_interval(secs => :keep_completed) AND status = 'completed'
+       OR completed_at < now() - make_interval(secs => :keep_failed) AND status = 'failed'
+    LIMIT :limit
+);
+
+-- next_due --
+-- Seconds until the earliest waiting job is due (negative: overdue; NULL: none).
+SELECT extract(epoch FROM min(run_at) - now()) AS seconds
+FROM jobs
+WHERE status IN ('pending', 'retrying');
+
+-- lock_worker --
+-- Announce this worker as alive: a session lock on its dedicated connection.
+SELECT pg_try_advisory_lock(:lock_class, :worker_id) AS locked;
+
+-- lock_active --
+-- Wait to become the one active worker; returns the moment the holder's
+-- connection releases the lock or dies.
+SELECT pg_advisory_lock(:lock_class, :key);
+
+-- unlock_all --
+-- Let go of every session lock this connection holds.
+SELECT pg_advisory_unlock_all();
+
+-- counts_by_status --
+-- How many jobs are in each state.
+SELECT status, count(*) AS n FROM jobs GROUP BY status;
+
+-- recent_finished --
+-- Finished jobs of the last :window seconds: counts and latency percentiles.
+SELECT count(*) FILTER (WHERE status = 'completed') AS completed,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+           ORDER BY extract(epoch FROM completed_at - greatest(created_at, run_at)))
+           FILTER (WHERE status = 'completed') AS latency,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+           ORDER BY extract(epoch FROM completed_at - started_at))
+           FILTER (WHERE status = 'completed') AS run_time
+FROM jobs
+WHERE completed_at >= now() - make_interval(secs => :window);
+
+-- recent_failed_attempts --
+-- Failed attempts recorded in the last :window seconds, from error_history.
+SELECT count(*) AS n
+FROM jobs AS j, jsonb_array_elements(j.error_history) AS e
+WHERE (j.status IN ('pending', 'processing', 'retrying')
+       OR j.completed_at >= now() - make_interval(secs => :window))
+  AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window);
+
+-- workers --
+-- Workers that announced themselves, with their heartbeat's age.
+SELECT id, name, mode, state, started_at,
+       extract(epoch FROM now() - heartbeat_at) AS heartbeat_age
+FROM jobqueue_workers
+ORDER BY started_at;
+
+-- get_job --
+-- One job, everything about it.
+SELECT id, job_type, payload, status, retry_count, max_retries, next_retry_at, run_at,
+       error_message, error_history, result, created_at, started_at, completed_at, worker_id
+FROM jobs
+WHERE id = :id;
+
+-- ---- HTTP API and observability ----
+
+-- api_list_jobs --
+-- A page of jobs, newest first, optionally of one status and one type. Keyset
+-- pagination: (:before_created_at, :before_id) is the last row of the previous
+-- page (NULL for the first), so a deep page costs what the first one does and
+-- jobs added meanwhile never shift a page (each job shows up once).
+SELECT id, job_type, status, retry_count, max_retries, run_at, next_retry_at,
+       error_message, created_at, started_at, completed_at,
+       jsonb_array_length(error_history)
+           + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts
+FROM jobs
+WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
+  AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+  AND (CAST(:before_created_at AS timestamptz) IS NULL
+       OR (created_at, id) < (CAST(:before_created_at AS timestamptz), CAST(:before_id AS uuid)))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- job_status --
+-- One job's status; no row: no such job.
+SELECT status FROM jobs WHERE id = :id;
+
+-- api_retry_job --
+-- Run a failed job again: pending, due now, its retries renewed, its error
+-- history kept. Only a `failed` job qualifies (no row back otherwise); idle
+-- workers are woken at commit.
+WITH retried AS (
+    UPDATE jobs
+    SET status = 'pending', retry_count = 0, run_at = now(), next_retry_at = NULL,
+        started_at = NULL, completed_at = NULL, worker_id = NULL
+    WHERE id = :id AND status = 'failed'
+    RETURNING id
+)
+SELECT id, pg_notify('jobqueue', '') AS notified FROM retried;
+
+-- api_cancel_job --
+-- Cancel a job that has not started: it ends `failed` with :error_message
+-- ('cancelled…') and no entry in error_history (no attempt was made). If a
+-- worker claims it at the same instant, one of the two waits for the other's
+-- row lock: a claim that won leaves it `processing`, and no row comes back.
+UPDATE jobs
+SET status = 'failed', error_message = :error_message, completed_at = statement_timestamp(),
+    next_retry_at = NULL, started_at = NULL
+WHERE id = :id AND status IN ('pending', 'retrying')
+RETURNING id;
+
+-- metrics_jobs --
+-- How many jobs are in each state, by type.
+SELECT status, job_type, count(*) AS n FROM jobs GROUP BY status, job_type;
+
+-- queue_health --
+-- Seconds the longest-waiting due job has been due (NULL: none waiting), and
+-- the jobs table's upkeep as PostgreSQL's statistics see it.
+SELECT (SELECT extract(epoch FROM now() - min(run_at))
+        FROM jobs
+        WHERE status IN ('pending', 'retrying') AND run_at <= now()) AS oldest_pending_age,
+       s.n_live_tup AS live_tuples, s.n_dead_tup AS dead_tuples,
+       extract(epoch FROM s.last_autovacuum) AS last_autovacuum
+FROM (SELECT to_regclass('jobs') AS relid) AS t
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = t.relid;
+
+-- metrics_finished --
+-- Jobs that finished (completed, or failed for good) in the last :window
+-- seconds, grouped by type, status and histogram bucket of their wait (from
+-- due to the start of their last attempt) and run time. A bucket is given as
+-- how many of the histogram's bounds are at or above the value: :neg_bounds
+-- holds the bounds negated, smallest first, so width_bucket counts them.
+-- Cancelled jobs never started and are left out.
+WITH finished AS (
+    SELECT job_type, status,
+           greatest(CAST(extract(epoch FROM started_at - greatest(created_at, run_at))
+                         AS float8), 0) AS wait,
+           greatest(CAST(extract(epoch FROM completed_at - started_at) AS float8), 0) AS run
+    FROM jobs
+    WHERE completed_at >= now() - make_interval(secs => :window) AND started_at IS NOT NULL
+)
+SELECT job_type, status,
+       width_bucket(-wait, CAST(:neg_bounds AS float8[])) AS wait_above,
+       width_bucket(-run, CAST(:neg_bounds AS float8[])) AS run_above,
+       count(*) AS n, sum(wait) AS wait_sum, sum(run) AS run_sum
+FROM finished
+GROUP BY 1, 2, 3, 4;
+
+-- metrics_failed_attempts --
+-- Failed attempts recorded in the last :window seconds, by type, and how many
+-- of them were scheduled again: all but the attempt that failed a job for
+-- good, which `fail` records at the very instant it sets completed_at.
+SELECT j.job_type, count(*) AS failed_attempts,
+       count(*) FILTER (
+           WHERE j.completed_at IS DISTINCT FROM CAST(e ->> 'at' AS timestamptz)) AS retries
+FROM jobs AS j, jsonb_array_elements(j.error_history) AS e
+WHERE (j.status IN ('pending', 'processing', 'retrying')
+       OR j.completed_at >= now() - make_interval(secs => :window))
+  AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
+GROUP BY j.job_type;
+
+-- recent_errors --
+-- The most frequent errors of failed attempts in the last :window seconds.
+SELECT j.job_type, e ->> 'error' AS error, count(*) AS n,
+       max(CAST(e ->> 'at' AS timestamptz)) AS last_at
+FROM jobs AS j, jsonb_array_elements(j.error_history) AS e
+WHERE (j.status IN ('pending', 'processing', 'retrying')
+       OR j.completed_at >= now() - make_interval(secs => :window))
+  AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
+GROUP BY j.job_type, e ->> 'error'
+ORDER BY n DESC, last_at DESC
+LIMIT :limit;
+
+-- api_get_job --
+-- One job for the HTTP API, with its attempts (failed ones recorded, plus a
+-- running or successful one). The JSON columns come as text and go into the
+-- response as they are: no parsing, however large or deeply nested.
+SELECT id, job_type, status,
+       jsonb_array_length(error_history)
+           + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts,
+       retry_count, max_retries, run_at, next_retry_at, error_message,
+       created_at, started_at, completed_at, worker_id,
+       CAST(payload AS text) AS payload, CAST(error_history AS text) AS error_history,
+       CAST(result AS text) AS result
+FROM jobs
+WHERE id = :id;

@@ -1,0 +1,33 @@
+"""The worker: what runs jobs.
+
+`runner` (a worker's life: connections, locks, standby, takeover, stop) runs
+`lane`s (each takes a batch, runs its handlers, commits it); a lane plans
+each batch (`Plan`) and holds its jobs one of two ways (`batch`: taken or
+claimed, each with its own hand-back rule); `handler` is what a handler sees
+(its session and the hooks behind it, `current_job()`); `upkeep` keeps the
+worker alive and the queue clean (heartbeat and fencing, rescue and
+pruning); `stats` counts. Every part is given a `WorkerConfig` (`config`)
+and the few things it needs, never the runner.
+"""
+
+from jobqueue.schema.locks import ACTIVE_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
+from jobqueue.worker.config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CONCURRENCY,
+    SAVEPOINT_MODES,
+    WorkerConfig,
+)
+from jobqueue.worker.handler import current_job
+from jobqueue.worker.runner import JobRunner
+
+__all__ = [
+    "ACTIVE_KEY",
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_CONCURRENCY",
+    "LOCK_CLASS",
+    "SAVEPOINT_MODES",
+    "WORKER_LOCK_CLASS",
+    "JobRunner",
+    "WorkerConfig",
+    "current_job",
+]

@@ -1,0 +1,187 @@
+"""A batch: the jobs one lane transaction runs, how they are held, and what
+is recorded of them.
+
+A batch holds its jobs one of two ways, and each way has its own rule for
+jobs the worker will not finish (a shutdown, a lost transaction, a batch that
+stopped early):
+
+- **claimed** (`Claimed`): the claim committed before the batch ran, so the
+  jobs show `processing` with this worker's id and stay its own after a
+  rollback. Unfinished ones must be handed back (`hand_back`), or they wait
+  for a rescue; running them again needs only a new transaction.
+- **taken** (`Taken`): locked by the batch's own transaction (`take`), never
+  written until their outcome; unfinished ones need nothing, the end of the
+  transaction releases them. Running them again means locking them again
+  (`retake`), as they stand by then: another worker may have tried one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
+from jobqueue.schema.queries import queries
+from jobqueue.worker.handler import ClaimedJob
+
+
+class Claimed:
+    """Jobs claimed (committed as `processing`) before the batch runs."""
+
+    taken = False
+
+    async def start(self, raw: Any, limit: int, worker_id: int
+                    ) -> tuple[Any, list[ClaimedJob]] | None:
+        """Claim up to `limit` due jobs, then begin the batch's transaction."""
+        rows = await queries["claim"].fetch(raw, limit=limit, worker_id=worker_id)
+        if not rows:
+            return None
+        tx = raw.transaction()
+        await tx.start()
+        return tx, list(map(ClaimedJob._make, rows))
+
+    async def again(self, raw: Any, jobs: list[ClaimedJob]
+                    ) -> tuple[Any, list[ClaimedJob]] | None:
+        """A new transaction for jobs of a rolled-back batch: still ours, as they were."""
+        tx = raw.transaction()
+        await tx.start()
+        return tx, jobs
+
+    def to_hand_back(self, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+        """Jobs this worker will not finish go back to the queue explicitly."""
+        return ids
+
+
+class Taken:
+    """Jobs locked inside the batch's own transaction (a quick batch)."""
+
+    taken = True
+
+    async def start(self, raw: Any, limit: int, worker_id: int
+                    ) -> tuple[Any, list[ClaimedJob]] | None:
+        """Begin the batch's transaction and lock up to `limit` due jobs in it."""
+        locked = await lock(raw, "take", limit=limit)
+        if locked is None:
+            return None
+        tx, rows = locked
+        return tx, list(map(ClaimedJob._make, rows))
+
+    async def again(self, raw: Any, jobs: list[ClaimedJob]
+                    ) -> tuple[Any, list[ClaimedJob]] | None:
+        """The rollback released them: lock again those no other worker took
+        meanwhile, as they stand now, in their first order (None: none left)."""
+        locked = await lock(raw, "retake", ids=[j.id for j in jobs])
+        if locked is None:
+            return None
+        tx, rows = locked
+        order = {j.id: n for n, j in enumerate(jobs)}
+        return tx, sorted(map(ClaimedJob._make, rows), key=lambda j: order[j.id])
+
+    def to_hand_back(self, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+        """Nothing: the end of their transaction releases them untouched."""
+        return []
+
+
+CLAIMED, TAKEN = Claimed(), Taken()
+BatchKind = Claimed | Taken
+
+
+async def lock(raw: Any, query: str, **values: Any) -> tuple[Any, list[Any]] | None:
+    """Begin a transaction and lock jobs in it with `query` (take, retake);
+    None, the transaction rolled back, when there were none."""
+    tx = raw.transaction()
+    await tx.start()
+    try:
+        rows = await queries[query].fetch(raw, **values)
+    except BaseException:
+        await rollback(tx)
+        raise
+    if not rows:
+        await tx.rollback()
+        return None
+    return tx, rows
+
+
+class LostOwnership(Exception):
+    """Another worker took jobs of this batch: none of its effects may commit."""
+
+
+class Rerun(Exception):
+    """A plain job's writes cannot be undone alone: the batch must run again,
+    isolated. `error`: the job's failed attempt (None: it succeeded but its
+    session rolled back after writing, so it runs again too)."""
+
+    def __init__(self, job: ClaimedJob, error: str | None) -> None:
+        super().__init__(error)
+        self.job = job
+        self.error = error
+        #: Filled in by `Lane._run_jobs`: what the rerun keeps, and how many
+        #: jobs that already ran must run again (they wrote, and it was lost).
+        self.decided: dict[uuid.UUID, Decided] = {}
+        self.again = 0
+
+
+class Decided(NamedTuple):
+    """An outcome a rerun of the batch records without running the job again:
+    a success that never touched the database (nothing of it was rolled back),
+    or a failure (its writes are gone either way). `logged`: said already."""
+
+    failed: bool
+    value: str | None  # the encoded result, or the error
+    seconds: float | None  # handler time, for a success
+    logged: bool
+
+
+@dataclass
+class Outcomes:
+    """What happened to the jobs of one batch, in the shape the SQL wants."""
+
+    done_ids: list[uuid.UUID] = field(default_factory=list)
+    results: list[str | None] = field(default_factory=list)
+    handler_times: list[float] = field(default_factory=list)
+    failed_ids: list[uuid.UUID] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    delays: list[float] = field(default_factory=list)
+    retry: list[bool] = field(default_factory=list)
+    not_started: list[uuid.UUID] = field(default_factory=list)
+
+    def success(self, job_id: uuid.UUID, result: str | None, seconds: float) -> None:
+        self.done_ids.append(job_id)
+        self.results.append(result)
+        self.handler_times.append(seconds)
+
+    def failure(self, job_id: uuid.UUID, error: str, retry: bool, delay: float) -> None:
+        self.failed_ids.append(job_id)
+        self.errors.append(error[:ERROR_MESSAGE_MAX_LENGTH])
+        self.retry.append(retry)
+        self.delays.append(delay)
+
+
+def decided_of(out: Outcomes, touched_ids: set[uuid.UUID], rerun: Rerun
+               ) -> tuple[dict[uuid.UUID, Decided], int]:
+    """What a rerun keeps of a batch's first run (`out`): every failure (its
+    writes are gone either way: it had none, or its savepoint took them back)
+    and the successes that never touched the database; and the culprit's own
+    failure. Also how many successes wrote and must run again."""
+    kept = {job_id: Decided(True, error, None, True)
+            for job_id, error in zip(out.failed_ids, out.errors, strict=True)}
+    again = 0
+    for job_id, result, seconds in zip(out.done_ids, out.results, out.handler_times,
+                                       strict=True):
+        if job_id in touched_ids:
+            again += 1
+        else:
+            kept[job_id] = Decided(False, result, seconds, True)
+    if rerun.error is not None:
+        kept[rerun.job.id] = Decided(True, rerun.error, None, False)
+    else:
+        again += 1  # the culprit itself: it succeeded, but its rollback must be honoured
+    return kept, again
+
+
+async def rollback(tx: Any) -> None:
+    """Roll back if still open; on a dead connection there is nothing to undo."""
+    with contextlib.suppress(Exception):
+        await tx.rollback()

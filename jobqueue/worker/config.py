@@ -1,0 +1,108 @@
+"""A worker's settings: one frozen object, checked once, handed to the parts
+that need them (the runner, its lanes, its upkeep) instead of each part
+reaching into the runner for its attributes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from jobqueue.retry import RetryPolicy
+
+DAY = 86_400.0
+#: Most jobs a lane takes at once unless told otherwise (the CLI's default too).
+DEFAULT_BATCH_SIZE = 1000
+#: Lanes a worker runs unless told otherwise: while one waits for the
+#: database, the other runs its handlers (measured in BENCHMARKS.md: no-op
+#: and one-row jobs alike drain faster with two lanes than with one).
+DEFAULT_CONCURRENCY = 2
+SAVEPOINT_MODES = ("auto", "always")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How a worker works; `JobRunner(**settings)` builds one.
+
+    concurrency: lanes, each with its own connection, running batches side by
+        side: one runs handlers while another waits on the database, and
+        async handlers that wait on I/O overlap.
+    batch_size: most jobs one lane takes and commits at once. Larger batches
+        amortise commits (the dominant cost of a no-op job); a batch is
+        whatever is due, up to this size, so a lone job never waits to fill one.
+    quick_batch: seconds. Jobs that run faster than this (at the lane's recent
+        pace) go in quick batches, sized to last about this long: taken, run
+        and recorded in one transaction, half the row writes, but the jobs
+        never show `processing`. Slower jobs are claimed one at a time and
+        show `processing` with the worker's id while they run. 0: no quick
+        batches; every batch (up to batch_size jobs) commits its claim first.
+    savepoints: "auto": a job runs without a savepoint of its own until a job
+        of its type fails after writing (that one failure rolls its batch back
+        and reruns the jobs before it, each in a savepoint; from then on the
+        type runs in savepoints). "always": every job that touches the
+        database runs in a savepoint, so a failure never reruns batch-mates,
+        at about a third more cost per writing job.
+    shared: every worker works at once instead of one active and standbys.
+    lease: seconds without a heartbeat after which a worker counts as hung
+        and is fenced off; it bounds recovery from a stopped process.
+    poll_interval: longest sleep between looks at the table when no
+        notification arrives (scheduled jobs and retries are woken for on time).
+    grace_period: seconds running handlers get to finish after SIGTERM.
+    retry_policy: the backoff between a failed attempt and the next.
+    burst: stop once nothing is due (tests, benchmarks, cron-style draining).
+    keep_completed / keep_failed: seconds finished jobs are kept before the
+        maintenance leader prunes them.
+    summary_interval: seconds between INFO lines that sum up what the worker
+        did (counts, rate, latency percentiles); 0: none. Each job's own line
+        is at DEBUG (a line per job would cost a fast worker half its speed);
+        failures are WARNINGs, always.
+    """
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    batch_size: int = DEFAULT_BATCH_SIZE
+    quick_batch: float = 0.05
+    savepoints: str = "auto"
+    shared: bool = False
+    lease: float = 5.0
+    poll_interval: float = 1.0
+    grace_period: float = 30.0
+    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    burst: bool = False
+    keep_completed: float = 7 * DAY
+    keep_failed: float = 30 * DAY
+    summary_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.retry_policy is None:  # JobRunner(retry_policy=None): the default
+            object.__setattr__(self, "retry_policy", RetryPolicy())
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.batch_size < 1:
+            raise ValueError("batch size must be at least 1")
+        if not 0 <= self.quick_batch < math.inf:
+            raise ValueError("quick batch must be a finite number of seconds, 0 or more")
+        if self.savepoints not in SAVEPOINT_MODES:
+            raise ValueError(f"savepoints must be one of {', '.join(SAVEPOINT_MODES)}, "
+                             f"not {self.savepoints!r}")
+        if self.poll_interval <= 0:
+            raise ValueError("poll interval must be positive")
+        if self.grace_period < 0:
+            raise ValueError("grace period must not be negative")
+        if self.lease < 0.5:
+            raise ValueError("lease must be at least 0.5 seconds")
+        if self.keep_completed < 0 or self.keep_failed < 0:
+            raise ValueError("retention must not be negative")
+        if not 0 <= self.summary_interval < math.inf:
+            raise ValueError("summary interval must be a finite number of seconds, 0 or more")
+
+    @property
+    def tick(self) -> float:
+        """Seconds between heartbeats (and fencing checks): several per lease."""
+        return min(0.5, self.lease / 4)
+
+    @property
+    def statement_timeout(self) -> float:
+        """Seconds any statement on the upkeep connections may take: half the
+        lease, so a statement stuck behind a lock (or a slow prune) gives up
+        while this worker's heartbeat can still come in time."""
+        return self.lease / 2

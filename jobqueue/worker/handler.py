@@ -1,0 +1,278 @@
+"""What a handler sees while it runs: its session, `current_job()`, and what
+becomes of what it returns or raises (`encode_result`, `error_text`).
+
+The session is an `AsyncSession` whose writes commit with its job's
+completion, in the lane's batch transaction, and roll back alone if the
+handler fails.
+
+A lane keeps one session for its life, in one SQLAlchemy transaction that
+sends no SQL: the lane's connection is in autocommit mode, and the real
+transaction is the lane's own, on the driver (`lane.py`). Hooks on the lane's
+engine watch every statement a handler sends and decide what surrounds it.
+
+A job runs one of two ways:
+
+- **isolated**: just before the handler's first statement, `SAVEPOINT
+  jobqueue_job`, sent as a simple query (one round trip, nothing prepared).
+  It is never released: the next job's savepoint nests inside it, and
+  `ROLLBACK TO SAVEPOINT jobqueue_job` always reaches the newest one, the
+  failing job's, so its batch-mates keep their writes.
+- **plain**: no savepoint at all, so a job that writes costs one round trip
+  and one subtransaction less (`python -m jobqueue.benchmarks.ceiling`
+  measures both). If a plain job fails after its handler touched the
+  database, its writes cannot be undone alone: the lane rolls the whole batch
+  back and runs the jobs before it again, isolated (`lane.py`), and from then
+  on that job type runs isolated in this worker.
+
+SQLAlchemy's own per-job savepoints (a session per job with
+`join_transaction_mode="create_savepoint"`) are what this replaces: on asyncpg
+each gets a fresh name (`sa_savepoint_1`, `_2`, …) and every statement is
+prepared, so each SAVEPOINT and RELEASE is a new prepared statement, two round
+trips and an eviction from the statement cache, plus a session transaction
+begun and committed per job.
+
+Each savepoint that writes gets a subtransaction id, and PostgreSQL keeps only
+64 of them per backend in shared memory (`PGPROC_MAX_CACHED_SUBXIDS`); past
+that, every other session's snapshots must look subtransactions up in
+`pg_subtrans`, which slows the whole server. Every savepoint is counted (the
+handler's own `begin_nested()` ones too), and the lane ends a batch before it
+would open more than `SAVEPOINT_LIMIT` in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from contextvars import ContextVar
+from typing import Any, NamedTuple
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.util import await_only
+
+from jobqueue.enqueue import check_strings
+from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
+from jobqueue.schema.queries import queries
+
+#: Most savepoints one batch transaction may open: PostgreSQL's per-backend
+#: cache of subtransaction ids (PGPROC_MAX_CACHED_SUBXIDS).
+SAVEPOINT_LIMIT = 64
+
+#: Keys in a lane connection's `info` dict.
+DB_ERROR = "jobqueue_db_error"  # a statement on it failed
+SAVEPOINTS = "jobqueue_savepoints"  # savepoints opened in the current transaction
+JOB = "jobqueue_job"  # how the running job runs: ISOLATED, PLAIN, or None between jobs
+JOB_SAVEPOINT = "jobqueue_job_savepoint"  # an isolated job's savepoint is open
+TOUCHED = "jobqueue_touched"  # the running job's handler sent a statement
+UNDO = "jobqueue_undo"  # a plain job's session rolled back after writing: undo impossible
+COMMITTED = "jobqueue_committed"  # the handler committed the session's connection itself
+ISOLATED, PLAIN = "isolated", "plain"
+#: Key in a lane session's `info` dict: a handler is running.
+IN_HANDLER = "jobqueue_in_handler"
+
+
+class ClaimedJob(NamedTuple):
+    """A job as a lane runs it (a tuple: built straight from the claimed row)."""
+
+    id: uuid.UUID
+    job_type: str
+    payload: str
+    retry_count: int
+    max_retries: int
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first run, 2 for the first retry, …"""
+        return self.retry_count + 1
+
+
+_current_job: ContextVar[ClaimedJob | None] = ContextVar("jobqueue_current_job", default=None)
+
+
+def current_job() -> ClaimedJob:
+    """The job the calling handler is running (its id, type, attempt).
+
+    Handlers take (session, payload); this gives them the rest when they need
+    it, for an idempotency key or a log line.
+    """
+    job = _current_job.get()
+    if job is None:
+        raise LookupError("current_job() is only available inside a handler")
+    return job
+
+
+def error_text(exc: BaseException) -> str:
+    """The error as text PostgreSQL can store (no NUL, no lone surrogate)."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:ERROR_MESSAGE_MAX_LENGTH]
+
+
+def encode_result(result: Any) -> str | None:
+    """A handler's result as the JSON text `complete` stores; TypeError when
+    PostgreSQL could not store it (the job fails, not its batch)."""
+    if result is None:
+        return None
+    try:
+        check_strings(result, "result")
+        encoded = json.dumps(result, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        encoded.encode("utf-8")
+    except (TypeError, ValueError) as e:  # UnicodeEncodeError is a ValueError
+        raise TypeError(f"handler result is not JSON PostgreSQL can store: {e}") from None
+    return encoded
+
+
+class HandlerError(RuntimeError):
+    """A handler left its session in a state the next job cannot start from."""
+
+
+class HandlerCommitError(RuntimeError):
+    """A handler called commit() on its session. Its writes must commit with
+    the job's completion, or a failure after the commit would leave them
+    committed and the retry would write them again."""
+
+
+class SwallowedDatabaseError(Exception):
+    """A handler caught a database error and returned as if it had succeeded.
+
+    PostgreSQL has aborted the handler's savepoint by then, so none of its
+    writes can commit; the job fails instead of pretending.
+    """
+
+
+def lane_engine(url: str, lanes: int, application_name: str) -> AsyncEngine:
+    """The engine a worker's lanes draw their connections from: one per lane,
+    in autocommit mode, because lanes run their own transactions on the
+    driver (`lane.py`) and SQLAlchemy must send no BEGIN or COMMIT of its own
+    on them; with the hooks above."""
+    engine = create_async_engine(
+        url, pool_size=lanes, max_overflow=0, pool_pre_ping=False,
+        isolation_level="AUTOCOMMIT",
+        connect_args={"server_settings": {"application_name": application_name}})
+    sync = engine.sync_engine
+    event.listen(sync, "before_cursor_execute", _before_statement)
+    event.listen(sync, "rollback", _roll_back_job)
+    event.listen(sync, "commit", _note_commit)
+    event.listen(sync, "savepoint", _count_savepoint)
+    event.listen(sync, "rollback_savepoint", _recovered)
+    event.listen(sync, "handle_error", _mark_db_error)
+    return engine
+
+
+def start_transaction(info: dict[Any, Any]) -> None:
+    """A new batch transaction on a lane connection: no savepoint open yet."""
+    info[SAVEPOINTS] = 0
+    info[JOB] = None
+
+
+def start_job(info: dict[Any, Any], isolated: bool) -> None:
+    """A handler is about to run, isolated (its first statement opens its
+    savepoint) or plain."""
+    info[JOB] = ISOLATED if isolated else PLAIN
+    info[JOB_SAVEPOINT] = info[TOUCHED] = info[UNDO] = info[COMMITTED] = False
+    info.pop(DB_ERROR, None)
+
+
+def end_job(info: dict[Any, Any]) -> None:
+    info[JOB] = None
+    info[JOB_SAVEPOINT] = False
+
+
+def touched(info: dict[Any, Any]) -> bool:
+    """Did the running job's handler send anything to the database?"""
+    return bool(info.get(TOUCHED))
+
+
+def connection_committed(info: dict[Any, Any]) -> bool:
+    """Did the handler commit its session's connection (`(await
+    session.connection()).commit()`)? Nothing reached the server (the lane's
+    connection is in autocommit mode at SQLAlchemy's level), but its session
+    no longer tracks its writes: the job fails, and its writes go with it."""
+    return bool(info.get(COMMITTED))
+
+
+def undo_impossible(info: dict[Any, Any]) -> bool:
+    """Did a plain job's session roll back after its handler wrote? Its
+    writes are still in the batch and only rolling the batch back removes them."""
+    return bool(info.get(UNDO))
+
+
+async def roll_back_job(raw: Any, info: dict[Any, Any]) -> None:
+    """Undo an isolated handler's writes on the driver directly, if its
+    savepoint is still open (its session's own rollback usually did it)."""
+    if info.get(JOB_SAVEPOINT):
+        await raw.execute(queries["job_rollback"].sql)
+        info[JOB_SAVEPOINT] = False
+
+
+def refuse_handler_commit(session: Any) -> None:
+    """SQLAlchemy `before_commit` hook on a lane's session (a savepoint of the
+    handler's own, `begin_nested()`, commits as usual: it releases that
+    savepoint only)."""
+    if session.info.get(IN_HANDLER) and not session.in_nested_transaction():
+        raise HandlerCommitError(
+            "handlers must not commit: their writes commit with the job's completion")
+
+
+# -- the engine's hooks (SQLAlchemy calls them in its greenlet, so they may
+# -- wait on the driver with `await_only`, as its asyncpg adapter does) --------
+
+
+def _before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
+                      context: Any, executemany: bool) -> None:
+    info = conn.info
+    job = info.get(JOB)
+    if job is None:
+        return
+    info[TOUCHED] = True
+    if job == ISOLATED and not info[JOB_SAVEPOINT]:
+        _simple(conn, queries["job_savepoint"].sql)
+        info[JOB_SAVEPOINT] = True
+        info[SAVEPOINTS] = info.get(SAVEPOINTS, 0) + 1
+
+
+def _roll_back_job(conn: Any) -> None:
+    """The session rolled back (the handler's own call, or the lane's after a
+    failure): undo the job's writes."""
+    info = conn.info
+    job = info.get(JOB)
+    if job is None:  # not a handler's session: the lane closing, say
+        return
+    if info[JOB_SAVEPOINT]:
+        _simple(conn, queries["job_rollback"].sql)
+        info[JOB_SAVEPOINT] = False  # the handler's next statement opens a new one
+    elif job == PLAIN and info[TOUCHED]:
+        info[UNDO] = True
+
+
+def _note_commit(conn: Any) -> None:
+    if conn.info.get(JOB) is not None:
+        conn.info[COMMITTED] = True
+
+
+def _recovered(conn: Any, name: str, context: Any) -> None:
+    """The handler rolled back to a savepoint of its own: an error inside it is
+    undone with it (PostgreSQL's way to recover), so it no longer fails the
+    job. (Any savepoint still open when a statement fails encloses it; if the
+    ROLLBACK TO itself fails, `handle_error` marks the connection again.)"""
+    conn.info.pop(DB_ERROR, None)
+
+
+def _count_savepoint(conn: Any, name: str | None) -> None:
+    conn.info[SAVEPOINTS] = conn.info.get(SAVEPOINTS, 0) + 1
+
+
+def _mark_db_error(context: Any) -> None:
+    """Remember which connection saw an error (a handler that catches it and
+    returns is failed: `SwallowedDatabaseError`)."""
+    if context.connection is not None:
+        context.connection.info[DB_ERROR] = True
+
+
+def _simple(conn: Any, sql: str) -> None:
+    """One statement as a simple query on the driver's connection."""
+    try:
+        await_only(conn.connection.driver_connection.execute(sql))
+    except Exception:
+        conn.info[DB_ERROR] = True
+        raise

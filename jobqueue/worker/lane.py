@@ -1,0 +1,543 @@
+"""A lane: one connection that takes a batch of jobs, runs it, commits it, and again.
+
+A batch is one transaction and one commit, whatever its size; one `complete`
+and one `fail` statement record every outcome. Handlers write through the
+lane's session, straight into the batch (`handler.py`): *plain*, with
+no savepoint, until a job of their type fails after touching the database.
+That failure cannot be undone alone, so the batch rolls back and runs again
+with a savepoint per job (`Lane._rerun_isolated`: what did not write keeps its
+outcome, what wrote runs again), and the type keeps its savepoints from then
+on. A batch ends before it would open more savepoints than PostgreSQL caches
+per transaction (64).
+
+Two ways to take a batch, chosen per batch from how long the lane's recent
+jobs took (`Lane.plan`, which returns a `Plan`); `batch.py` has each way's
+rule for jobs the lane will not finish:
+
+- **taken**, a *quick batch* (jobs faster than `quick_batch`, 50 ms by
+  default): lock as many due jobs as should finish within `quick_batch` (up
+  to `batch_size`) inside
+  the batch's own transaction (`take`), run them, record them, commit. One new
+  row version per job; a crash rolls everything back and the jobs are simply
+  waiting again. Their status goes from `pending` straight to `completed`:
+  nobody could have watched a `processing` that lasts milliseconds.
+- **claimed** (slower jobs, one per batch, and a lane's very first job): commit
+  the claim first (`claim`), so the job shows `processing` with this worker's
+  id while it runs; the outcome checks that the worker still owns it (if
+  another worker took it meanwhile, this one was declared hung: nothing
+  commits).
+
+The lane runs its transactions on the asyncpg connection itself; SQLAlchemy
+sees the connection in autocommit mode, so it never sends a BEGIN or COMMIT of
+its own and a handler's session only ever adds savepoints to the lane's batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+from jobqueue.errors import is_connection_error, one_line
+from jobqueue.registry import HandlerRegistry
+from jobqueue.schema.queries import queries
+from jobqueue.worker.batch import (
+    CLAIMED,
+    TAKEN,
+    BatchKind,
+    Decided,
+    LostOwnership,
+    Outcomes,
+    Rerun,
+    decided_of,
+    rollback,
+)
+from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.handler import (
+    DB_ERROR,
+    IN_HANDLER,
+    SAVEPOINT_LIMIT,
+    SAVEPOINTS,
+    ClaimedJob,
+    HandlerCommitError,
+    HandlerError,
+    SwallowedDatabaseError,
+    _current_job,
+    connection_committed,
+    encode_result,
+    end_job,
+    error_text,
+    refuse_handler_commit,
+    roll_back_job,
+    start_job,
+    start_transaction,
+    touched,
+    undo_impossible,
+)
+from jobqueue.worker.stats import WorkerStats
+
+logger = logging.getLogger("jobqueue.worker")
+
+
+class Plan(NamedTuple):
+    """How a lane takes its next batch (`Lane.plan`)."""
+
+    #: True: a quick batch, taken (locked) inside its own transaction;
+    #: False: claimed (committed as `processing`) before it runs.
+    take: bool
+    #: Most jobs in it.
+    limit: int
+
+
+@dataclass(frozen=True)
+class Life:
+    """What a worker's lanes share during one life (one worker id): given by
+    the runner, so that a lane needs neither the runner nor its attributes."""
+
+    worker_id: int
+    registry: HandlerRegistry
+    stats: WorkerStats
+    #: Job types that failed after writing without a savepoint: they run in
+    #: savepoints from then on (`savepoints="auto"`); kept across lives.
+    isolated_types: set[str]
+    #: Set when new jobs may be due (a notification, or a stop).
+    wake: asyncio.Event
+    #: Set by a stop request: take no new batch, start no new job.
+    stop: asyncio.Event
+    #: Set when running lanes are being cut off on purpose: their errors are expected.
+    abandon: asyncio.Event
+    #: Return claimed jobs to the queue on the worker's monitor connection.
+    hand_back: Callable[[list[uuid.UUID] | None], Awaitable[int]]
+
+
+#: Weight of the newest batch in a lane's running estimate of a job's run time.
+_PACE_WEIGHT = 0.3
+
+
+class Lane:
+    """One of a worker's `concurrency` lanes."""
+
+    def __init__(self, config: WorkerConfig, life: Life, engine: AsyncEngine,
+                 number: int) -> None:
+        self.config = config
+        self.life = life
+        self.worker_id = life.worker_id
+        self.registry = life.registry
+        self.isolated_types = life.isolated_types
+        self.engine = engine
+        self.number = number
+        self.raw: Any = None  # the asyncpg connection, to cut it off when abandoning
+        #: Recent seconds a job takes to run (its handler and savepoint; the
+        #: batch's own statements are left out, or a lone job's commit would
+        #: count as if each job of a full batch paid it); None until a batch ran.
+        self.per_job: float | None = None
+        #: Recent savepoints a job opens (0 for jobs that never touch the
+        #: database), and the most one job of each type has opened (at most
+        #: SAVEPOINT_LIMIT): they size batches so that none opens more than
+        #: SAVEPOINT_LIMIT.
+        self.savepoints_per_job = 0.0
+        self.savepoint_peak: dict[str, int] = {}
+
+    async def run(self) -> None:
+        """Work until the worker stops. A lost connection is not reopened here:
+        a claim whose reply was lost leaves jobs this lane cannot name, so the
+        error ends the worker's life; it starts over under a new id, and the old
+        id's jobs are rescued like a dead worker's."""
+        try:
+            async with self.engine.connect() as conn:
+                self.raw = (await conn.get_raw_connection()).driver_connection
+                await self._loop(conn)
+        finally:
+            self.raw = None
+
+    def _connection_lost(self, conn: AsyncConnection) -> bool:
+        """Did this lane's own connection fail? A handler's `ConnectionError`
+        or `TimeoutError` from some other service (SMTP, HTTP) is the job's
+        failure, not a reason to send the whole batch back."""
+        return conn.invalidated or self.raw is None or self.raw.is_closed()
+
+    @property
+    def stopping(self) -> bool:
+        return self.life.stop.is_set()
+
+    def cut(self) -> None:
+        """Close the connection at once (abandoning: its transaction rolls back)."""
+        if self.raw is not None and not self.raw.is_closed():
+            self.raw.terminate()
+
+    def plan(self) -> Plan:
+        """How to take the next batch: taken or claimed, how many jobs at most.
+
+        Jobs that run faster than `quick_batch` are taken, in quick batches
+        sized to last about that long (at most `batch_size`); slower ones are claimed
+        one at a time, so `processing` means running and no transaction stays
+        open across many slow jobs. A lane that has not run anything yet
+        claims one job to learn the pace. `quick_batch` 0: claimed batches of
+        up to `batch_size`, never taken. Jobs that write are at most
+        SAVEPOINT_LIMIT to a batch, one savepoint each."""
+        config = self.config
+        limit = config.batch_size
+        if self.savepoints_per_job > 0:
+            limit = min(limit, max(1, int(SAVEPOINT_LIMIT / self.savepoints_per_job)))
+        if config.quick_batch == 0:
+            return Plan(False, limit)
+        if self.per_job is None or self.per_job > config.quick_batch:
+            return Plan(False, 1)
+        if self.per_job > 0:
+            limit = min(limit, int(config.quick_batch / self.per_job))
+        return Plan(True, max(1, limit))
+
+    async def _loop(self, conn: AsyncConnection) -> None:
+        wake = self.life.wake
+        # One session for the lane's life, in one SQLAlchemy transaction that
+        # sends no SQL; each job's savepoint comes from the engine's hooks.
+        session = AsyncSession(bind=conn, expire_on_commit=False)
+        event.listen(session.sync_session, "before_commit", refuse_handler_commit)
+        try:
+            while not self.stopping:
+                wake.clear()
+                if not await self._next_batch(conn, session) \
+                        and not await self._wait_for_work():
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await session.close()
+
+    async def _next_batch(self, conn: AsyncConnection, session: AsyncSession) -> bool:
+        """Take and run one batch; False when nothing was due."""
+        take, limit = self.plan()
+        batch = TAKEN if take else CLAIMED
+        started = await batch.start(self.raw, limit, self.worker_id)
+        if started is None:
+            return False
+        tx, jobs = started
+        await self._run_batch(conn, session, tx, jobs, batch)
+        return True
+
+    def _full(self, taken: bool, started: float, savepoints: int, job: ClaimedJob) -> bool:
+        """Must the batch stop before `job`? A quick batch that outruns
+        quick_batch (slow jobs after fast ones) stops early: its untouched jobs
+        are released at the commit, and the lane's pace now says to claim them.
+        A batch that has opened savepoints stops before a job that could take
+        it past SAVEPOINT_LIMIT (judged by the most its type has opened, and
+        at least one)."""
+        if savepoints and savepoints + max(1, self.savepoint_peak.get(job.job_type, 0)
+                                           ) > SAVEPOINT_LIMIT:
+            return True
+        return taken and time.perf_counter() - started > self.config.quick_batch
+
+    def _pace(self, seconds: float, jobs: int, savepoints: int) -> None:
+        """Fold a batch's run time and savepoints into the lane's estimates."""
+        per_job = seconds / jobs
+        self.per_job = per_job if self.per_job is None else (
+            _PACE_WEIGHT * per_job + (1 - _PACE_WEIGHT) * self.per_job)
+        # At most one a job: a job that opens many of its own (it overflows
+        # alone) must not shrink the batches of the jobs after it.
+        self.savepoints_per_job = (_PACE_WEIGHT * min(1.0, savepoints / jobs)
+                                   + (1 - _PACE_WEIGHT) * self.savepoints_per_job)
+
+    async def _wait_for_work(self) -> bool:
+        """Sleep until a job may be due. False when a burst run is done."""
+        due_in = await queries["next_due"].fetchval(self.raw)
+        if self.config.burst and (due_in is None or due_in > 0):
+            return False
+        timeout = self.config.poll_interval
+        if due_in is not None and due_in > 0:
+            timeout = min(timeout, float(due_in))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.life.wake.wait(), timeout)
+        return True
+
+    async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, tx: Any,
+                         jobs: list[ClaimedJob], batch: BatchKind, isolated: bool = False,
+                         decided: dict[uuid.UUID, Decided] | None = None) -> None:
+        """Run a batch in the open transaction `tx`; one commit records every outcome.
+        `batch`: how its jobs are held (taken by this transaction, or claimed).
+        `isolated`: every job in a savepoint of its own (else only the job
+        types that need one). `decided`: outcomes recorded without running
+        those jobs again (a rerun's)."""
+        life = self.life
+        outcomes = Outcomes()
+        decided = decided or {}
+        try:
+            await self._run_jobs(conn, session, jobs, batch, isolated, decided, outcomes)
+            latencies = await self._record(outcomes, batch)
+            await tx.commit()
+        except Rerun as rerun:
+            await rollback(tx)
+            await self._rerun_isolated(conn, session, jobs, batch, rerun)
+            return
+        except LostOwnership:
+            await rollback(tx)
+            logger.warning("batch of %d rolled back: another worker took some of its jobs",
+                           len(jobs), extra={"event": "batch_lost", "jobs": len(jobs),
+                                             "worker_id": self.worker_id})
+            await self._hand_back(batch, jobs)
+            return
+        except Exception as exc:
+            await rollback(tx)
+            if life.abandon.is_set():
+                raise
+            if not is_connection_error(exc):
+                await self._after_batch_error(conn, session, jobs, batch, exc, decided)
+                return
+            logger.error("lane %d: connection lost mid-batch; %d job(s) go back to the queue",
+                         self.number, len(jobs),
+                         extra={"event": "batch_connection_lost", "lane": self.number,
+                                "jobs": len(jobs), "worker_id": self.worker_id,
+                                "error": one_line(exc)})
+            await self._hand_back(batch, jobs)
+            raise
+        life.stats.count_batch(outcomes, latencies)
+        if outcomes.done_ids and logger.isEnabledFor(logging.DEBUG):
+            self._log_completed(jobs, outcomes)  # committed: now they are done
+
+    async def _hand_back(self, batch: BatchKind, jobs: list[ClaimedJob]) -> None:
+        """The batch rolled back and will not run again here: its jobs go back
+        to the queue as `batch`'s rule says."""
+        ids = batch.to_hand_back([job.id for job in jobs])
+        if ids:
+            await self.life.hand_back(ids)
+
+    async def _run_jobs(self, conn: AsyncConnection, session: AsyncSession,
+                        jobs: list[ClaimedJob], batch: BatchKind, isolated: bool,
+                        decided: dict[uuid.UUID, Decided], out: Outcomes) -> None:
+        """The batch's handlers, one after another, until done or `_full`;
+        the `decided` jobs' outcomes first, without running them."""
+        always = isolated or self.config.savepoints == "always"
+        taken, isolated_types, stop = batch.taken, self.isolated_types, self.life.stop
+        info, session_info = conn.info, session.info
+        start_transaction(info)
+        for job in jobs:
+            if job.id in decided:
+                self._record_decided(job, decided[job.id], out)
+        todo = [job for job in jobs if job.id not in decided]
+        touched_ids: set[uuid.UUID] = set()
+        started, ran = time.perf_counter(), 0
+        for job in todo:
+            if stop.is_set() or (ran and self._full(taken, started, info[SAVEPOINTS], job)):
+                out.not_started = [job.id for job in todo[ran:]]
+                break
+            opened = info[SAVEPOINTS]
+            try:
+                await self._run_one(conn, session, job, out, info, session_info,
+                                    always or job.job_type in isolated_types)
+            except Rerun as rerun:
+                rerun.decided, rerun.again = decided_of(out, touched_ids, rerun)
+                raise
+            if touched(info):
+                touched_ids.add(job.id)
+            used = min(info[SAVEPOINTS] - opened, SAVEPOINT_LIMIT)
+            if used > self.savepoint_peak.get(job.job_type, 0):
+                self.savepoint_peak[job.job_type] = used
+            ran += 1
+        if ran:
+            self._pace(time.perf_counter() - started, ran, info[SAVEPOINTS])
+
+    def _record_decided(self, job: ClaimedJob, outcome: Decided, out: Outcomes) -> None:
+        if not outcome.failed:
+            out.success(job.id, outcome.value, outcome.seconds or 0.0)
+        else:
+            self._fail(job, outcome.value or "", out, None, log=not outcome.logged)
+
+    async def _after_batch_error(self, conn: AsyncConnection, session: AsyncSession,
+                                 jobs: list[ClaimedJob], batch: BatchKind, exc: Exception,
+                                 decided: dict[uuid.UUID, Decided]) -> None:
+        """The batch could not be recorded or committed (a deferred constraint
+        a handler broke, say): it rolled back whole. Run its jobs again one per
+        transaction, so the culprit fails alone; a lone job that still cannot
+        commit is failed without its writes, its attempt counted."""
+        if len(jobs) > 1:
+            logger.warning("batch of %d could not commit (%s); running its jobs one by one",
+                           len(jobs), one_line(exc),
+                           extra={"event": "batch_split", "jobs": len(jobs),
+                                  "worker_id": self.worker_id, "error": one_line(exc)})
+            for job in jobs:
+                again = await batch.again(self.raw, [job])
+                if again is not None:
+                    await self._run_batch(conn, session, *again, batch,
+                                          isolated=True, decided=decided)
+            return
+        again = await batch.again(self.raw, jobs)
+        if again is None:
+            return
+        tx, [job] = again
+        out = Outcomes()
+        retry = job.retry_count < job.max_retries
+        delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
+        out.failure(job.id, error_text(exc), retry=retry, delay=delay)
+        try:
+            await self._record(out, batch)
+            await tx.commit()
+        except BaseException:
+            await rollback(tx)
+            raise
+        self.life.stats.count_batch(out, [])
+        logger.warning("job %s (%s) attempt %d failed at commit: %s", job.id, job.job_type,
+                       job.attempt, error_text(exc),
+                       extra={"event": "job_failed", "job_id": str(job.id),
+                              "job_type": job.job_type, "attempt": job.attempt,
+                              "worker_id": self.worker_id, "retry": retry,
+                              "error": error_text(exc)})
+
+    async def _rerun_isolated(self, conn: AsyncConnection, session: AsyncSession,
+                              jobs: list[ClaimedJob], batch: BatchKind, rerun: Rerun) -> None:
+        """A plain job (the culprit) failed after touching the database, or
+        rolled its session back after writing: the batch has rolled back, and
+        runs again with every job in a savepoint of its own. Jobs already
+        decided are recorded as they were (failures, and successes that never
+        touched the database); the jobs before the culprit that wrote run a
+        second time (their writes still commit once; what they did outside the
+        database happens twice). The culprit's type already runs isolated in
+        this worker from now on (`_run_one`), so this happens once per type."""
+        culprit = rerun.job
+        self.life.stats.rerun += rerun.again
+        self.savepoints_per_job = max(self.savepoints_per_job, 1.0)  # claim batches of 64
+        logger.warning("job %s (%s) %s after touching the database, in a batch run without "
+                       "savepoints: the batch rolled back and runs again, each job in a "
+                       "savepoint (%d job(s) that ran already run a second time, %d kept "
+                       "as they were); %s jobs run in savepoints from now on",
+                       culprit.id, culprit.job_type,
+                       "failed" if rerun.error else "rolled its session back", rerun.again,
+                       len(rerun.decided), culprit.job_type,
+                       extra={"event": "batch_rerun", "job_id": str(culprit.id),
+                              "job_type": culprit.job_type, "jobs": len(jobs),
+                              "rerun": rerun.again, "worker_id": self.worker_id})
+        again = await batch.again(self.raw, jobs)  # taken ones: those still free, as they are
+        if again is not None:
+            await self._run_batch(conn, session, *again, batch, isolated=True,
+                                  decided=rerun.decided)
+
+    async def _run_one(self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob,
+                       out: Outcomes, info: dict[Any, Any], session_info: dict[Any, Any],
+                       isolated: bool) -> None:
+        """Run one job's handler and note its outcome in `out`. Raises Rerun
+        when a plain job's writes cannot be undone alone."""
+        handler = self.registry.get(job.job_type)
+        if handler is None:
+            self._fail(job, f"no handler registered for job type {job.job_type!r}", out, None,
+                       final=True)
+            return
+        started = time.perf_counter()
+        token = _current_job.set(job)
+        start_job(info, isolated)
+        try:
+            session_info[IN_HANDLER] = True
+            try:
+                result = await handler(session, json.loads(job.payload))
+            finally:
+                session_info[IN_HANDLER] = False
+            encoded = await self._returned(session, info, job, result)
+        except Rerun:
+            raise
+        except Exception as exc:
+            # Back to the job's savepoint: its writes vanish, its batch-mates' stay.
+            if session.in_transaction():
+                await session.rollback()
+            await roll_back_job(self.raw, info)
+            if is_connection_error(exc) and self._connection_lost(conn):
+                raise  # not the job's fault: the whole batch goes back
+            if not isolated and touched(info):
+                # Before the batch rolls back and frees its jobs: another lane
+                # that takes this type meanwhile must already isolate it.
+                self.isolated_types.add(job.job_type)
+                raise Rerun(job, error_text(exc)) from exc
+            self._fail(job, error_text(exc), out, time.perf_counter() - started)
+        else:
+            out.success(job.id, encoded, time.perf_counter() - started)
+        finally:
+            end_job(info)
+            _current_job.reset(token)
+            if session.identity_map:
+                session.expunge_all()
+
+    async def _returned(self, session: AsyncSession, info: dict[Any, Any], job: ClaimedJob,
+                        result: Any) -> str | None:
+        """A handler returned: may its job count as done? Its encoded result,
+        or the reason it fails (raised)."""
+        if session.in_nested_transaction():
+            # Left open, the next job's rollback would reach back into it.
+            raise HandlerError("the handler returned inside a begin_nested() it opened")
+        if connection_committed(info):
+            raise HandlerCommitError(
+                "handlers must not commit: their writes commit with the job's completion")
+        if _pending(session.sync_session):
+            await session.flush()  # objects added but not flushed are the job's writes too
+        if info.pop(DB_ERROR, False):
+            raise SwallowedDatabaseError(
+                "the handler caught a database error and went on; its writes are void")
+        encoded = encode_result(result)
+        if undo_impossible(info):  # its session rolled back writes we cannot undo alone
+            self.isolated_types.add(job.job_type)
+            raise Rerun(job, None)
+        return encoded
+
+    def _fail(self, job: ClaimedJob, error: str, out: Outcomes, seconds: float | None,
+              log: bool = True, final: bool = False) -> None:
+        """Note a failed attempt: retried after its backoff, or failed for good."""
+        retry = not final and job.retry_count < job.max_retries
+        delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
+        out.failure(job.id, error, retry=retry, delay=delay)
+        if not log:
+            return
+        logger.warning("job %s (%s) attempt %d failed%s: %s", job.id, job.job_type,
+                       job.attempt, f", retry in {delay:.2f}s" if retry else "", error,
+                       extra={"event": "job_failed", "job_id": str(job.id),
+                              "job_type": job.job_type, "attempt": job.attempt,
+                              "duration_ms": None if seconds is None else round(seconds * 1000,
+                                                                                3),
+                              "worker_id": self.worker_id, "retry": retry,
+                              "retry_in_s": round(delay, 3) if retry else None,
+                              "error": error})
+
+    def _log_completed(self, jobs: list[ClaimedJob], out: Outcomes) -> None:
+        """One DEBUG event per completed job of a committed batch (at INFO the
+        worker logs a summary every `summary_interval` instead: a line per job
+        would cost a no-op worker half its speed)."""
+        by_id = {job.id: job for job in jobs}
+        worker_id = self.worker_id
+        for job_id, seconds in zip(out.done_ids, out.handler_times, strict=True):
+            job = by_id[job_id]
+            ms = round(seconds * 1000, 3)
+            logger.debug("job %s (%s) attempt %d completed in %.1f ms", job.id, job.job_type,
+                        job.attempt, ms,
+                        extra={"event": "job_completed", "job_id": str(job.id),
+                               "job_type": job.job_type, "attempt": job.attempt,
+                               "duration_ms": ms, "worker_id": worker_id})
+
+    async def _record(self, out: Outcomes, batch: BatchKind) -> list[float]:
+        """Write a batch's outcomes in its transaction; the successes' latencies."""
+        raw, worker_id, taken = self.raw, self.worker_id, batch.taken
+        latencies: list[float] = []
+        if out.done_ids:
+            rows = await queries["complete"].fetch(
+                raw, ids=out.done_ids, results=out.results, worker_id=worker_id, taken=taken)
+            if len(rows) != len(out.done_ids):
+                raise LostOwnership
+            latencies = [row[0] for row in rows]
+        if out.failed_ids:
+            rows = await queries["fail"].fetch(
+                raw, ids=out.failed_ids, errors=out.errors, delays=out.delays,
+                retry=out.retry, worker_id=worker_id, taken=taken)
+            if len(rows) != len(out.failed_ids):
+                raise LostOwnership
+        unfinished = batch.to_hand_back(out.not_started)
+        if unfinished:
+            await queries["hand_back"].fetch(raw, ids=unfinished, worker_id=worker_id)
+        return latencies
+
+
+def _pending(session: Any) -> bool:
+    """Has the handler left ORM changes unflushed? (Changed and deleted objects
+    are in the identity map, which is empty for handlers that use no ORM
+    objects: checked first, it keeps this cheap.)"""
+    return bool(session.new or (session.identity_map and (session.dirty or session.deleted)))

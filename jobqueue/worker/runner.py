@@ -1,0 +1,481 @@
+"""The worker: one active runner and standbys (or, with `shared`, all of them
+at once), each living through connections that may drop.
+
+A worker's life, top-down:
+
+1. **Announce.** Open three dedicated connections (never pooled). On the
+   *control* connection take a session-level advisory lock on a fresh random
+   id: as long as it exists the worker is alive, and PostgreSQL drops it the
+   instant the connection dies. On the *monitor* connection register a row in
+   `jobqueue_workers` and start the leader's loop (rescue, pruning); on the
+   *heartbeat* connection, the heartbeat and fencing loop (`upkeep.py`).
+2. **Contest.** In exclusive mode, block in `pg_advisory_lock` for the active
+   lock: standbys wait inside PostgreSQL and the first gets it the moment the
+   holder's connection ends (a crash), or its backends are terminated (a hang,
+   fenced by a standby once its heartbeat is older than the lease). In shared
+   mode skip this: every worker works, SKIP LOCKED shares the jobs.
+3. **Work.** LISTEN for new jobs, rescue the jobs of dead workers, run
+   `concurrency` lanes (`lane.py`), each given the config and a `Life`.
+4. **Stop or start over.** SIGTERM: stop claiming, let running handlers finish
+   within the grace period, hand back what did not start; a second signal or
+   the end of the grace period abandons running handlers (their transactions
+   roll back, their jobs go back without counting an attempt). A lost
+   connection or a fencing: cut everything, wait (with backoff), and live
+   again under a new id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from jobqueue import db
+from jobqueue.errors import Backoff, is_connection_error, one_line
+from jobqueue.registry import HandlerRegistry, handlers
+from jobqueue.schema.locks import ACTIVE_KEY, CHANNEL, LOCK_CLASS, WORKER_LOCK_CLASS
+from jobqueue.schema.queries import queries
+from jobqueue.worker import upkeep
+from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.handler import lane_engine
+from jobqueue.worker.lane import Lane, Life
+from jobqueue.worker.stats import WorkerStats
+from jobqueue.worker.upkeep import Fenced, Heartbeat, Leader, rescue
+
+logger = logging.getLogger("jobqueue.worker")
+
+
+class _LifeOver(Exception):
+    """This life's connections cannot go on (lost, or fenced): start over."""
+
+
+class JobRunner:
+    """Runs jobs until stopped; `await runner.run()` returns the stats report.
+
+    database_url: where the jobs are; None: `DATABASE_URL`, and with neither
+        `run()` raises `ConfigError` (the library never starts a server; the
+        `jobqueue` command starts the embedded one itself).
+    registry: the handlers, by job type (`jobqueue.handlers` by default).
+    config: a `WorkerConfig`, or its fields as keyword arguments (`settings`):
+        concurrency, batch_size, quick_batch, savepoints, shared, lease,
+        poll_interval, grace_period, retry_policy, burst, keep_completed,
+        keep_failed, summary_interval (see `WorkerConfig` for each).
+    install_signal_handlers: SIGTERM and SIGINT call `stop()` while `run()` runs.
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        registry: HandlerRegistry = handlers,
+        config: WorkerConfig | None = None,
+        install_signal_handlers: bool = True,
+        **settings: Any,
+    ) -> None:
+        if config is not None and settings:
+            raise TypeError("pass a WorkerConfig or its settings, not both")
+        self.config = config if config is not None else WorkerConfig(**settings)
+        self.database_url = database_url
+        self.registry = registry
+        #: Job types that failed after writing without a savepoint: they run
+        #: in savepoints from then on (`savepoints="auto"`).
+        self.isolated_types: set[str] = set()
+        self.install_signal_handlers = install_signal_handlers
+
+        self.worker_id = 0
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.state = "new"
+        self.stats = WorkerStats()
+        self.was_active = False
+        self.wake = asyncio.Event()
+        #: The monitor connection serves one statement at a time: the leader's
+        #: chores and the runner's hand-backs take turns.
+        self.monitor_lock = asyncio.Lock()
+        self._stop_requested = asyncio.Event()
+        self._abandon = asyncio.Event()
+        self._active = asyncio.Event()
+        self._monitor: asyncpg.Connection | None = None
+        self._connections: list[asyncpg.Connection] = []  # this life's own (not the lanes')
+
+    # -- control from outside -------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to stop: the first call is graceful, a second abandons
+        running handlers at once (their jobs go back to the queue)."""
+        if self._stop_requested.is_set():
+            if not self._abandon.is_set():
+                logger.warning("second stop request: abandoning running jobs",
+                               extra={"event": "worker_abandoning", "worker_id": self.worker_id})
+                self._abandon.set()
+            return
+        grace = self.config.grace_period
+        logger.info("stop requested: finishing running jobs (grace %.1fs)", grace,
+                    extra={"event": "worker_stopping", "worker_id": self.worker_id,
+                           "grace_period_s": grace})
+        self._stop_requested.set()
+        self.wake.set()
+
+    async def wait_active(self) -> None:
+        """Return once this runner works (active, or shared): for tests and tools."""
+        await self._active.wait()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+    @property
+    def aborting(self) -> bool:
+        """Lanes are being cut off on purpose: their errors are expected."""
+        return self._abandon.is_set()
+
+    @property
+    def role(self) -> str:
+        if self.config.shared:
+            return "shared"
+        return "active" if self._active.is_set() else "standby"
+
+    # -- the life of a worker -------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        url = db.database_url(self.database_url)
+        restore = self._install_signals()
+        backoff = Backoff()
+        try:
+            while not self.stopping:
+                try:
+                    await self._live(url)
+                    break
+                except _LifeOver as over:
+                    if self.stopping:
+                        break
+                    delay = backoff.next()
+                    self.state = "reconnecting"
+                    logger.warning("worker %d: %s; starting over in %.2fs",
+                                   self.worker_id, over, delay,
+                                   extra={"event": "worker_restarting",
+                                          "worker_id": self.worker_id, "error": str(over),
+                                          "delay_s": round(delay, 3)})
+                    await self.sleep_unless_stopping(delay)
+                    if self._active.is_set():
+                        backoff.reset()
+                        self._active.clear()
+            return self._finish()
+        finally:
+            restore()
+
+    async def _live(self, url: str) -> None:
+        """One life: announce, contest, work. Returns when stopped; raises
+        _LifeOver when a connection is lost or this worker was fenced."""
+        self._abandon.clear()
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                control = await self._announce(url)
+                self._connections = [control]
+                stack.push_async_callback(self._close_control, control)
+                lost = asyncio.Event()
+                control.add_termination_listener(lambda _: lost.set())
+
+                config = self.config
+                monitor = await upkeep.connect(url, self._app_name("monitor"), config)
+                stack.push_async_callback(self._close_monitor, monitor)
+                self._monitor = monitor
+                self._connections.append(monitor)
+                await queries["register_worker"].fetch(
+                    monitor, id=self.worker_id, name=self.name,
+                    mode="shared" if config.shared else "exclusive")
+                beating = await upkeep.connect(url, self._app_name("heartbeat"), config)
+                stack.push_async_callback(_close, beating)
+                self._connections.append(beating)
+                heartbeat = Heartbeat(config, beating, self.worker_id, lambda: self.role,
+                                      self.stats)
+                leader = Leader(config, monitor, self.worker_id, self.stats, self.monitor_lock)
+                guards = [asyncio.create_task(heartbeat.run_forever()),
+                          asyncio.create_task(leader.run_forever()),
+                          asyncio.ensure_future(lost.wait())]
+                for guard in guards:
+                    stack.push_async_callback(_cancel, guard)
+                if not await self._contest(control, guards):
+                    return
+                await self._activate(control)
+                engine = lane_engine(url, config.concurrency, self._app_name("lane"))
+                stack.push_async_callback(engine.dispose)
+                await self._work(engine, guards)
+            except Exception as exc:
+                # A connection cut under a query can surface as a protocol error
+                # ("another operation is in progress") before asyncpg notices the
+                # socket is closed: a closed connection means start over, whatever
+                # the error says.
+                if (isinstance(exc, Fenced) or is_connection_error(exc)
+                        or any(c.is_closed() for c in self._connections)):
+                    raise _LifeOver(one_line(exc)) from exc
+                raise
+            finally:
+                self._connections = []
+
+    async def _announce(self, url: str) -> asyncpg.Connection:
+        """Connect and take a liveness lock on a fresh random id."""
+        for _ in range(10):
+            self.worker_id = secrets.randbelow(2**31 - 2) + 1
+            self.state = "standby"
+            conn = await db.connect(url, application_name=self._app_name(self.role))
+            if await queries["lock_worker"].fetchval(
+                conn, lock_class=WORKER_LOCK_CLASS, worker_id=self.worker_id
+            ):
+                logger.info("worker %d (%s) connected", self.worker_id, self.name,
+                            extra={"event": "worker_connected", "worker_id": self.worker_id,
+                                   "worker_name": self.name})
+                return conn
+            await conn.close()
+        raise RuntimeError("could not find a free worker id")  # 2**31 ids: never in practice
+
+    async def _contest(self, control: asyncpg.Connection, guards: Sequence[asyncio.Future[Any]]
+                       ) -> bool:
+        """Wait for the active lock (exclusive mode). False if stopped first.
+
+        The wait happens inside PostgreSQL (`pg_advisory_lock`), so the lock is
+        granted the moment its holder's connection ends. `guards` end the wait
+        early: an upkeep loop failing, or this connection being lost."""
+        if self.config.shared:
+            return True
+        if await queries["try_lock"].fetchval(control, lock_class=LOCK_CLASS, key=ACTIVE_KEY):
+            return True
+        logger.info("worker %d standing by: another worker is active", self.worker_id,
+                    extra={"event": "worker_standby", "worker_id": self.worker_id})
+        waiting = asyncio.ensure_future(
+            queries["lock_active"].fetch(control, lock_class=LOCK_CLASS, key=ACTIVE_KEY))
+        stopping = asyncio.ensure_future(self._stop_requested.wait())
+        try:
+            await asyncio.wait({waiting, stopping, *guards}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if waiting.done():
+            waiting.result()
+            return True
+        # Stopped or lost while standing by: dropping the connection ends the wait.
+        control.terminate()
+        with contextlib.suppress(BaseException):
+            await waiting
+        if not self.stopping:
+            _raise_from(guards)
+        return False
+
+    async def _activate(self, control: asyncpg.Connection) -> None:
+        self.state = "active"
+        self.was_active = True
+        shared = self.config.shared
+        await control.execute("SELECT set_config('application_name', $1, false)",
+                              self._app_name("shared" if shared else "active"))
+        await control.add_listener(CHANNEL, self._on_notify)
+        logger.info("worker %d is %s", self.worker_id,
+                    "working (shared mode)" if shared else "active",
+                    extra={"event": "worker_active", "worker_id": self.worker_id,
+                           "mode": "shared" if shared else "exclusive"})
+        self.stats.start_clock()
+        self._active.set()
+        async with self.monitor_lock:
+            assert self._monitor is not None
+            rescued = await rescue(self._monitor)
+        if rescued:
+            self.stats.rescued += rescued
+            logger.warning("returned %d job(s) of dead workers to the queue", rescued,
+                           extra={"event": "jobs_rescued", "worker_id": self.worker_id,
+                                  "jobs": rescued})
+
+    async def _work(self, engine: AsyncEngine, guards: Sequence[asyncio.Future[Any]]) -> None:
+        """Run the lanes until they finish (burst), a stop, or a guard trips."""
+        life = Life(worker_id=self.worker_id, registry=self.registry, stats=self.stats,
+                    isolated_types=self.isolated_types, wake=self.wake,
+                    stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back)
+        lanes = [Lane(self.config, life, engine, n) for n in range(self.config.concurrency)]
+        tasks = [asyncio.create_task(lane.run()) for lane in lanes]
+        all_lanes: asyncio.Future[list[None]] = asyncio.gather(*tasks)
+        summaries = asyncio.create_task(self._log_summaries())
+        try:
+            await _first(all_lanes, self._stop_requested.wait(), *guards)
+            if not all_lanes.done() and any(g.done() for g in guards):
+                await self._cut_lanes(lanes, tasks, hand_back=False)
+                _raise_from(guards)
+            if not all_lanes.done():
+                self.state = "stopping"
+                await _first(all_lanes, self._abandon.wait(), timeout=self.config.grace_period)
+                if not all_lanes.done():
+                    await self._cut_lanes(lanes, tasks, hand_back=True)
+            if self.aborting:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            else:
+                await all_lanes  # re-raises a lane's unexpected error
+        finally:
+            for task in (*tasks, summaries):
+                task.cancel()
+            await asyncio.gather(*tasks, summaries, return_exceptions=True)
+            if all_lanes.done() and not all_lanes.cancelled():
+                all_lanes.exception()  # retrieved: errors of lanes cut off on purpose
+
+    async def _cut_lanes(self, lanes: list[Lane], tasks: list[asyncio.Task[None]], *,
+                         hand_back: bool) -> None:
+        """Abandon running handlers: their connections are cut so their
+        transactions roll back (nothing half-done commits)."""
+        self._abandon.set()
+        logger.warning("abandoning %d running lane(s); their jobs go back to the queue",
+                       sum(not t.done() for t in tasks),
+                       extra={"event": "lanes_abandoned", "worker_id": self.worker_id,
+                              "lanes": sum(not t.done() for t in tasks)})
+        for lane in lanes:
+            lane.cut()
+        if hand_back:  # make sure the server has let go before taking the jobs back
+            async with self.monitor_lock:
+                assert self._monitor is not None
+                await queries["terminate_lanes"].fetch(self._monitor, id=self.worker_id)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if hand_back:
+            await self.hand_back(None)
+
+    async def hand_back(self, ids: list[uuid.UUID] | None) -> int:
+        """Return jobs this worker claimed but will not finish (None: all of them)."""
+        async with self.monitor_lock:
+            assert self._monitor is not None
+            row = await queries["hand_back"].fetchrow(
+                self._monitor, worker_id=self.worker_id, ids=ids)
+        n = int(row["n"]) if row else 0
+        self.stats.handed_back += n
+        if n:
+            logger.info("handed back %d job(s) that did not run", n,
+                        extra={"event": "jobs_handed_back", "worker_id": self.worker_id,
+                               "jobs": n})
+        return n
+
+    async def _log_summaries(self) -> None:
+        """Every `summary_interval`, one INFO line of what the worker did since
+        the last one (nothing when it did nothing). Its rate counts finished
+        jobs (completed, or failed for good), as the final report's does."""
+        interval = self.config.summary_interval
+        if not interval:
+            return
+        mark = self.stats.mark()
+        while True:
+            await asyncio.sleep(interval)
+            summary, mark = self.stats.since(mark)
+            if not summary["completed"] + summary["failed"] + summary["retried"]:
+                continue
+            rerun = f", {summary['rerun']:,} rerun" if summary["rerun"] else ""
+            latency = ("; enqueue to completion p50 {}, p95 {}, p99 {} ms".format(
+                *(_shown_ms(summary[f"latency_{p}_ms"]) for p in ("p50", "p95", "p99")))
+                if summary["completed"] else "")
+            logger.info(
+                "worker %d: %s jobs/s over %.1f s: %s completed, %s retried, %s failed%s%s",
+                self.worker_id, f"{summary['jobs_per_sec']:,.1f}", summary["interval_s"],
+                f"{summary['completed']:,}", f"{summary['retried']:,}",
+                f"{summary['failed']:,}", rerun, latency,
+                extra={"event": "worker_summary", "worker_id": self.worker_id, **summary})
+
+    async def sleep_unless_stopping(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), seconds)
+
+    def _finish(self) -> dict[str, Any]:
+        self.stats.stop_clock()
+        self.state = "stopped"
+        report = {"status": "stopped", "worker_id": self.worker_id,
+                  "was_active": self.was_active, **self.stats.report()}
+        logger.info("worker %d stopped: %s", self.worker_id, json.dumps(report),
+                    extra={"event": "worker_stopped", "worker_id": self.worker_id,
+                           "report": report})
+        return report
+
+    async def _close_monitor(self, monitor: asyncpg.Connection) -> None:
+        self._monitor = None
+        await _close(monitor, lambda: queries["unregister_worker"].fetch(monitor,
+                                                                       id=self.worker_id))
+
+    async def _close_control(self, control: asyncpg.Connection) -> None:
+        """Let go of the locks by closing the connection that holds them."""
+        await _close(control, lambda: queries["unlock_all"].fetch(control))
+
+    # -- small things ---------------------------------------------------------
+
+    def _on_notify(self, *_: object) -> None:
+        self.wake.set()
+
+    def _app_name(self, role: str) -> str:
+        return f"jobqueue worker {self.worker_id} {role} {self.name}"[:63]
+
+    def _install_signals(self) -> Callable[[], None]:
+        if not self.install_signal_handlers:
+            return lambda: None
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass  # not the main thread, or not a Unix loop
+
+        def restore() -> None:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+        return restore
+
+
+async def _first(*waitables: Awaitable[Any], timeout: float | None = None) -> None:
+    """Wait until the first of `waitables` finishes (or the timeout); coroutines
+    among them are wrapped and cancelled afterwards, futures are left alone."""
+    owned = [asyncio.ensure_future(w) for w in waitables if asyncio.iscoroutine(w)]
+    futures = {w for w in waitables if not asyncio.iscoroutine(w)} | set(owned)
+    try:
+        await asyncio.wait(futures, timeout=timeout,  # type: ignore[type-var]
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for f in owned:
+            f.cancel()
+
+
+def _raise_from(guards: Sequence[asyncio.Future[Any]]) -> None:
+    """Re-raise why a guard tripped: the upkeep loop's error, or a lost connection."""
+    for guard in guards:
+        if guard.done() and not guard.cancelled() and guard.exception() is not None:
+            raise guard.exception()  # type: ignore[misc]
+    if any(g.done() for g in guards):
+        raise ConnectionError("the control connection was lost")
+
+
+async def _close(conn: asyncpg.Connection,
+                 goodbye: Callable[[], Awaitable[Any]] | None = None) -> None:
+    """Close a connection of this life, after its last statement (`goodbye`)
+    if it is still open; a connection that cannot close politely is cut."""
+    if conn.is_closed():
+        return
+    try:
+        if goodbye is not None:
+            await goodbye()
+        await conn.close(timeout=5)
+    except Exception:
+        conn.terminate()
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+
+
+def _shown_ms(ms: float | None) -> str:
+    """Three significant figures or so, for a person reading the line (the
+    JSON event keeps the full value)."""
+    if ms is None:
+        return "?"
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"

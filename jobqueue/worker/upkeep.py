@@ -1,0 +1,168 @@
+"""Upkeep every worker does, tick by tick, in two loops on two connections of
+their own, so that neither ever waits for the other:
+
+- `Heartbeat`, on the *heartbeat* connection: prove this worker is alive (the
+  lease others judge it by), and fence off workers whose heartbeat is older
+  than the lease, whatever their role, so a hung active worker cannot block
+  the queue for more than a lease (any worker may do it, and doing it twice
+  is harmless); the jobs of those it fenced are rescued at once.
+- `Leader`, on the *monitor* connection (shared with the runner's hand-backs,
+  under its lock): contest the maintenance leader's lock, and, as leader,
+  return the jobs of dead workers to the queue (rescue) and delete finished
+  jobs past their retention (prune, in slices).
+
+Every statement on these connections gives up after the config's
+`statement_timeout`, half the lease: a prune stuck behind a lock fails and
+waits its minute instead of holding a connection indefinitely, and a slow
+one can no longer delay this worker's own heartbeat, which used to share
+its connection and lock. Each chore is one statement of `queries.sql`;
+`run_once()` does one tick, so tests and notebooks can drive it step by step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from jobqueue import db
+from jobqueue.errors import is_connection_error, one_line
+from jobqueue.schema.locks import LEADER_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
+from jobqueue.schema.queries import queries
+from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.stats import WorkerStats
+
+logger = logging.getLogger("jobqueue.maintenance")
+
+PRUNE_EVERY = 60.0  # seconds between pruning passes that find little to do
+PRUNE_SLICE = 10_000  # most jobs one pruning statement deletes; a full slice
+# means more are waiting, so the next tick prunes again instead of a minute later
+
+
+class Fenced(Exception):
+    """This worker's heartbeat row is gone: another worker declared it hung."""
+
+
+async def connect(url: str, application_name: str, config: WorkerConfig) -> asyncpg.Connection:
+    """A dedicated upkeep connection whose statements give up after
+    `config.statement_timeout` (below the lease)."""
+    timeout_ms = max(1, int(config.statement_timeout * 1000))
+    return await db.connect(url, application_name=application_name,
+                            settings={"statement_timeout": f"{timeout_ms}ms"})
+
+
+async def rescue(conn: asyncpg.Connection) -> int:
+    """Jobs of dead workers back to the queue; how many."""
+    row = await queries["rescue"].fetchrow(conn, worker_lock_class=WORKER_LOCK_CLASS)
+    return int(row["n"]) if row else 0
+
+
+async def fence(conn: asyncpg.Connection, lease: float, self_id: int) -> list[tuple[int, int]]:
+    """Workers whose lease ran out, cut off: [(worker id, backends terminated)].
+    Crashed workers (no liveness lock) are forgotten on the way, silently."""
+    rows = await queries["fence"].fetch(
+        conn, lease=lease, self_id=self_id, worker_lock_class=WORKER_LOCK_CLASS)
+    return [(r["id"], r["terminated"]) for r in rows if r["hung"]]
+
+
+async def prune(conn: asyncpg.Connection, keep_completed: float, keep_failed: float) -> int:
+    status = await queries["prune"].execute(
+        conn, keep_completed=keep_completed, keep_failed=keep_failed, limit=PRUNE_SLICE)
+    return int(status.split()[-1])
+
+
+def _note_rescued(rescued: int, stats: WorkerStats) -> None:
+    if rescued:
+        stats.rescued += rescued
+        logger.warning("returned %d job(s) of dead workers to the queue", rescued)
+
+
+async def _every_tick(chore: Callable[[], Awaitable[Any]], tick: float) -> None:
+    """Run `chore` every `tick` seconds until cancelled. Being fenced or
+    losing the connection ends the worker's life; any other error (a
+    permission, a statement timeout) is logged and the next tick tries again:
+    upkeep must not take the worker down."""
+    while True:
+        try:
+            await chore()
+        except Fenced:
+            raise
+        except Exception as exc:
+            # 57014 (a statement timeout) is filed under operator intervention,
+            # like a shutdown; the connection is fine and the next tick retries.
+            if is_connection_error(exc) and not isinstance(exc, asyncpg.QueryCanceledError):
+                raise
+            logger.error("upkeep failed (%s); trying again next tick", one_line(exc))
+        await asyncio.sleep(tick)
+
+
+class Heartbeat:
+    """Heartbeat and fencing, for one life of one worker."""
+
+    def __init__(self, config: WorkerConfig, conn: asyncpg.Connection, worker_id: int,
+                 role: Callable[[], str], stats: WorkerStats) -> None:
+        self.config = config
+        self.conn = conn
+        self.worker_id = worker_id
+        self.role = role  # the state to report: standby, active or shared
+        self.stats = stats
+
+    async def run_forever(self) -> None:
+        await _every_tick(self.run_once, self.config.tick)
+
+    async def run_once(self) -> dict[str, Any]:
+        alive = await queries["heartbeat"].fetchval(self.conn, id=self.worker_id,
+                                                    state=self.role())
+        if alive is None:
+            raise Fenced(f"worker {self.worker_id} was fenced off (its lease ran out)")
+        lease = self.config.lease
+        fenced = await fence(self.conn, lease, self.worker_id)
+        for worker_id, terminated in fenced:
+            logger.warning("fenced off worker %d (heartbeat older than %.1fs): "
+                           "%d connection(s) terminated", worker_id, lease, terminated)
+        rescued = await rescue(self.conn) if fenced else 0
+        _note_rescued(rescued, self.stats)
+        return {"fenced": fenced, "rescued": rescued}
+
+
+class Leader:
+    """The maintenance leader's chores (rescue, prune), for one life of one
+    worker; every worker contests the lock, one holds it."""
+
+    def __init__(self, config: WorkerConfig, conn: asyncpg.Connection, worker_id: int,
+                 stats: WorkerStats, lock: asyncio.Lock) -> None:
+        self.config = config
+        self.conn = conn
+        self.worker_id = worker_id
+        self.stats = stats
+        self.lock = lock  # the connection's: the runner hands jobs back on it too
+        self.leader = False
+        self.last_prune = 0.0
+
+    async def run_forever(self) -> None:
+        await _every_tick(self.run_once, self.config.tick)
+
+    async def run_once(self) -> dict[str, Any]:
+        config = self.config
+        rescued = pruned = 0
+        async with self.lock:
+            if not self.leader:
+                self.leader = bool(await queries["try_lock"].fetchval(
+                    self.conn, lock_class=LOCK_CLASS, key=LEADER_KEY))
+                if self.leader:
+                    logger.info("worker %d leads maintenance", self.worker_id)
+            if self.leader:
+                rescued = await rescue(self.conn)
+                now = asyncio.get_running_loop().time()
+                if now - self.last_prune >= PRUNE_EVERY:
+                    self.last_prune = now  # a pass that fails waits its minute too
+                    pruned = await prune(self.conn, config.keep_completed, config.keep_failed)
+                    if pruned >= PRUNE_SLICE:
+                        self.last_prune = now - PRUNE_EVERY
+        _note_rescued(rescued, self.stats)
+        if pruned:
+            logger.info("pruned %d finished job(s) past retention", pruned)
+        return {"leader": self.leader, "rescued": rescued, "pruned": pruned}

@@ -1,0 +1,192 @@
+"""Lesson 07's helpers (jobqueue.lab.tour) against the real database."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from jobqueue import JobRunner, RetryPolicy, enqueue, enqueue_many, handlers
+from jobqueue.lab import tour
+from jobqueue.testing import drain
+
+matplotlib.use("Agg")
+
+NO_WAIT = RetryPolicy(base=0, jitter=0)
+
+
+def test_registry_has_the_examples_and_the_lab_handlers() -> None:
+    registry = tour.lesson_registry()
+    assert list(registry) == ["broken", "flaky", "gated", "generate_report",
+                              "process_payment", "send_email", "verbose"]
+    assert "flaky" not in handlers  # the global registry is left alone
+
+
+def test_short_error_keeps_the_driver_class_and_the_message() -> None:
+    wrapped = ("IntegrityError: (sqlalchemy.dialects.postgresql.asyncpg.UniqueViolationError) "
+               'duplicate key value violates unique constraint "k"\n[SQL: INSERT …]')
+    assert tour.short_error(wrapped, width=200) == (
+        'UniqueViolationError: duplicate key value violates unique constraint "k"')
+    assert tour.short_error("ValueError: bad") == "ValueError: bad"
+    assert tour.short_error("x" * 100, width=10) == "x" * 9 + "…"
+    assert tour.short_error(None) is None
+
+
+async def test_only_committed_jobs_are_seen_and_announced(engine: AsyncEngine, conn) -> None:
+    heard = await tour.listen(conn)
+    async with engine.connect() as c:
+        await enqueue(c, "send_email", {"to": "a@example.com"})
+        assert await tour.count_jobs(conn) == 0
+        await c.rollback()
+    async with engine.connect() as c:
+        await enqueue(c, "send_email", {"to": "a@example.com"})
+        await c.commit()
+    assert await tour.heard_count(heard, at_least=1) == 1
+    assert await tour.count_jobs(conn) == 1
+    assert await tour.count_jobs(conn, "other") == 0
+    table = await tour.jobs_table(conn)
+    assert table.to_dict("records") == [{
+        "job_type": "send_email", "payload": '{"to": "a@example.com"}', "status": "pending",
+        "retry_count": 0, "max_retries": 3, "history": 0, "error": "", "result": ""}]
+
+
+async def test_retries_follow_celery_and_the_timeline_shows_them(
+    engine: AsyncEngine, db_url: str, conn
+) -> None:
+    async with AsyncSession(engine) as s, s.begin():
+        jobs = {"flaky": await enqueue(s, "flaky", {"fail_times": 2}, max_retries=3),
+                "broken": await enqueue(s, "broken", {"invoice": "X"}, max_retries=3)}
+    report = await drain(db_url, registry=tour.lesson_registry(), retry_policy=NO_WAIT)
+
+    assert tour.report_counts(report) == {"processed": 1, "failed": 1, "retried": 5,
+                                          "handed_back": 0, "rescued": 0,
+                                          "error_rate": round(6 / 7, 4)}
+    assert await tour.outcome(conn, jobs["flaky"]) == {
+        "runs": 3, "retry_count": 2, "status": "completed"}
+    assert await tour.outcome(conn, jobs["broken"]) == {
+        "runs": 4, "retry_count": 3, "status": "failed"}
+    table = await tour.jobs_table(conn, jobs)
+    assert list(table["job"]) == ["flaky", "broken"]
+    assert list(table["history"]) == [2, 4]
+    assert list(table["error"]) == ["UpstreamError: service unavailable on attempt 2",
+                                    "ValueError: invoice 'X' is malformed"]
+
+    timeline = await tour.attempt_timeline(conn, jobs, NO_WAIT)
+    assert list(zip(timeline["job"], timeline["attempt"], timeline["outcome"], strict=True)) == [
+        ("flaky", 1, "failed"), ("flaky", 2, "failed"), ("flaky", 3, "completed"),
+        ("broken", 1, "failed"), ("broken", 2, "failed"), ("broken", 3, "failed"),
+        ("broken", 4, "failed")]
+    assert timeline["seconds"].min() == 0
+    assert tour.backoff_respected(timeline)
+    assert tour.plot_timeline(timeline).axes
+
+
+def test_backoff_respected_catches_an_early_retry() -> None:
+    early = pd.DataFrame({"gap": [None, 0.1], "backoff": [None, 0.2]})
+    on_time = pd.DataFrame({"gap": [None, 0.25], "backoff": [None, 0.2]})
+    assert not tour.backoff_respected(early)
+    assert tour.backoff_respected(on_time)
+    assert not tour.backoff_respected(pd.DataFrame({"gap": [None], "backoff": [None]}))
+
+
+async def test_a_retry_is_booked_exactly_one_backoff_after_the_failure(
+    engine: AsyncEngine, db_url: str, conn
+) -> None:
+    async with AsyncSession(engine) as s, s.begin():
+        job_id = await enqueue(s, "broken", {}, max_retries=1)
+    await drain(db_url, registry=tour.lesson_registry(),
+                retry_policy=RetryPolicy(base=0.3, jitter=0))
+    assert await tour.status_counts(conn) == {"retrying": 1}
+    assert await tour.retry_scheduled_after(conn, job_id) == 0.3
+
+
+async def test_error_message_and_history_keep_2000_characters(
+    engine: AsyncEngine, db_url: str, conn
+) -> None:
+    async with AsyncSession(engine) as s, s.begin():
+        job_id = await enqueue(s, "verbose", {}, max_retries=1)
+    await drain(db_url, registry=tour.lesson_registry(), retry_policy=NO_WAIT)
+    assert len(tour.VERBOSE_ERROR) > 2000
+    assert await tour.error_lengths(conn, job_id) == {
+        "error_message": 2000, "history[0]": 2000, "history[1]": 2000}
+
+
+async def test_a_gated_job_is_seen_processing(engine: AsyncEngine, db_url: str, conn) -> None:
+    tour.close_gate()
+    runner = JobRunner(db_url, registry=tour.lesson_registry(), install_signal_handlers=False)
+    task = asyncio.create_task(runner.run())
+    try:
+        async with AsyncSession(engine) as s, s.begin():
+            job_id = await enqueue(s, "gated", {})
+        assert await tour.wait_status(conn, job_id, "processing") == "processing"
+        tour.open_gate()
+        assert await tour.wait_status(conn, job_id, "completed") == "completed"
+    finally:
+        tour.open_gate()
+        runner.stop()
+        report = await asyncio.wait_for(task, 30)
+    assert tour.report_counts(report)["processed"] == 1
+    assert set(tour.report_timings(report)) == {
+        "elapsed_seconds", "batches", "throughput_per_sec", "handler_ms", "latency_ms"}
+
+
+async def test_summary_counts_leave_timings_out(engine: AsyncEngine, db_url: str, conn) -> None:
+    from jobqueue.ops.status import queue_summary
+
+    async with engine.begin() as c:
+        await enqueue_many(c, "send_email", [{"to": "a@b.c"}, {"to": "d@e.f"}])
+        await enqueue(c, "broken", {}, max_retries=0)
+    await drain(db_url, registry=tour.lesson_registry())
+    summary = await queue_summary(conn)
+    counts = tour.summary_counts(summary)
+    assert counts["counts"]["completed"] == 2 and counts["counts"]["failed"] == 1
+    assert counts["recent failed attempts"] == 1 and counts["workers"] == 0
+    assert counts["error_rate"] == round(1 / 3, 4)
+    assert set(tour.summary_timings(summary)) == {"throughput_per_sec", "latency_ms",
+                                                   "run_time_ms"}
+
+
+def test_state_machine_lists_every_status() -> None:
+    statuses = {s for src, dst, _ in tour.TRANSITIONS for s in (src, dst)}
+    assert statuses == {"pending", "processing", "completed", "failed", "retrying"}
+    assert tour.plot_state_machine().axes
+
+
+async def test_crew_takeover_after_sigkill(
+    engine: AsyncEngine, db_url: str, conn, tmp_path: Path
+) -> None:
+    crew = tour.Crew(db_url, tmp_path)
+    try:
+        crew.start("first")
+        await crew.wait_states(conn, {"first": "active"})
+        crew.start("second")
+        await crew.wait_states(conn, {"first": "active", "second": "standby"})
+        assert await crew.active_lock(conn) == {"holds": ["first"], "waits": ["second"]}
+
+        async with engine.begin() as c:
+            ids = await enqueue_many(c, "sleep", [{"seconds": 0.005}] * 150)
+        assert await tour.wait_completed(conn, ids, at_least=20) >= 20
+        killed_at = await crew.signal(conn, "first", signal.SIGKILL)
+        await crew.wait_states(conn, {"second": "active"})
+        assert (await crew.table(conn)).to_dict("records") == [
+            {"worker": "second", "mode": "exclusive", "state": "active"}]
+        await tour.wait_completed(conn, ids, at_least=150)
+        assert await tour.jobs_health(conn, ids) == {
+            "enqueued": 150, "found": 150, "completed": 150, "processing": 0, "pending": 0,
+            "retrying": 0, "failed": 0}
+
+        done = await tour.completions(conn, crew, killed_at, ids)
+        by = tour.completed_by(done)
+        assert set(by) == {"first", "second"} and sum(by.values()) == 150
+        assert tour.completed_after(done, "first") == 0
+        assert tour.recovery_seconds(done, "second") > 0
+        assert tour.plot_completions(done, "second").axes
+    finally:
+        ended = crew.close()
+    assert ended == {"first": "had exited (-9)", "second": "killed now"}
+    assert crew.close() == {"first": "had exited (-9)", "second": "had exited (-9)"}
+

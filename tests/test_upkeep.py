@@ -1,0 +1,166 @@
+"""Upkeep: heartbeat and fencing apart from the leader's rescue and pruning,
+each driven one tick at a time with a config and a connection, no runner."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+import pytest
+
+from jobqueue import db
+from jobqueue.schema.locks import WORKER_LOCK_CLASS
+from jobqueue.schema.queries import queries
+from jobqueue.testing import wait_for
+from jobqueue.worker import WorkerConfig, upkeep
+from jobqueue.worker.stats import WorkerStats
+
+HOUR = 3600.0
+
+
+async def add_jobs(conn: asyncpg.Connection, n: int, status: str, finished_ago: float | None
+                   ) -> None:
+    await conn.execute(
+        "INSERT INTO jobs (job_type, status, completed_at) SELECT 'noop', $1,"
+        " now() - make_interval(secs => $2) FROM generate_series(1, $3)",
+        status, finished_ago, n)
+
+
+async def by_status(conn: asyncpg.Connection) -> dict[str, int]:
+    return {r["status"]: r["n"] for r in await conn.fetch(
+        "SELECT status, count(*) AS n FROM jobs GROUP BY status")}
+
+
+async def register(conn: asyncpg.Connection, worker_id: int) -> None:
+    await queries["register_worker"].fetch(conn, id=worker_id, name="test", mode="exclusive")
+
+
+def leader(config: WorkerConfig, conn: asyncpg.Connection, worker_id: int) -> upkeep.Leader:
+    return upkeep.Leader(config, conn, worker_id, WorkerStats(), asyncio.Lock())
+
+
+def heartbeat(config: WorkerConfig, conn: asyncpg.Connection, worker_id: int
+              ) -> upkeep.Heartbeat:
+    return upkeep.Heartbeat(config, conn, worker_id, lambda: "active", WorkerStats())
+
+
+async def test_prune_deletes_only_finished_jobs_past_their_retention(
+    conn: asyncpg.Connection
+) -> None:
+    await add_jobs(conn, 3, "completed", 2 * HOUR)
+    await add_jobs(conn, 2, "completed", 60)
+    await add_jobs(conn, 4, "failed", 2 * HOUR)
+    await add_jobs(conn, 1, "failed", 48 * HOUR)
+    await add_jobs(conn, 5, "pending", None)
+    assert await upkeep.prune(conn, keep_completed=HOUR, keep_failed=24 * HOUR) == 4
+    assert await by_status(conn) == {"completed": 2, "failed": 4, "pending": 5}
+
+
+async def test_a_full_slice_prunes_again_next_tick_instead_of_a_minute_later(
+    conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(upkeep, "PRUNE_SLICE", 2)
+    await add_jobs(conn, 5, "completed", 2 * HOUR)
+    chores = leader(WorkerConfig(keep_completed=HOUR), conn, 4242)
+    pruned = [(await chores.run_once())["pruned"] for _ in range(4)]
+    assert pruned == [2, 2, 1, 0]  # the last pass was not full: the next waits PRUNE_EVERY
+    assert chores.leader and await by_status(conn) == {}
+
+
+async def test_a_failing_prune_waits_its_minute_like_any_other(
+    conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = 0
+
+    async def broken(*args: object) -> int:
+        nonlocal calls
+        calls += 1
+        raise asyncpg.QueryCanceledError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(upkeep, "prune", broken)
+    chores = leader(WorkerConfig(), conn, 4243)
+    with pytest.raises(asyncpg.QueryCanceledError):
+        await chores.run_once()
+    assert (await chores.run_once())["pruned"] == 0 and calls == 1  # not again this minute
+
+
+async def test_only_one_leader_does_the_chores(conn: asyncpg.Connection, db_url: str) -> None:
+    other = await db.connect(db_url)
+    try:
+        first, second = leader(WorkerConfig(), conn, 1), leader(WorkerConfig(), other, 2)
+        assert (await first.run_once())["leader"]
+        assert not (await second.run_once())["leader"]
+    finally:
+        await other.close()
+
+
+async def test_a_heartbeat_without_its_row_means_this_worker_was_fenced(
+    conn: asyncpg.Connection
+) -> None:
+    await register(conn, 51)
+    beat = heartbeat(WorkerConfig(), conn, 51)
+    assert await beat.run_once() == {"fenced": [], "rescued": 0}
+    assert await conn.fetchval("SELECT state FROM jobqueue_workers WHERE id = 51") == "active"
+    await conn.execute("DELETE FROM jobqueue_workers WHERE id = 51")
+    with pytest.raises(upkeep.Fenced):
+        await beat.run_once()
+
+
+async def test_a_hung_worker_is_fenced_and_its_jobs_rescued(
+    conn: asyncpg.Connection, db_url: str
+) -> None:
+    hung = await db.connect(db_url, application_name="jobqueue worker 77 active test")
+    try:
+        assert await queries["lock_worker"].fetchval(hung, lock_class=WORKER_LOCK_CLASS,
+                                                     worker_id=77)
+        await register(conn, 77)
+        await conn.execute("UPDATE jobqueue_workers SET heartbeat_at = now() - interval '1 hour'"
+                           " WHERE id = 77")
+        await conn.execute("INSERT INTO jobs (job_type, status, worker_id, started_at)"
+                           " VALUES ('noop', 'processing', 77, now())")
+        await register(conn, 78)
+        result = await heartbeat(WorkerConfig(lease=5.0), conn, 78).run_once()
+        assert result["fenced"] == [(77, 1)]
+        await wait_for(lambda: conn.fetchval(
+            "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name LIKE "
+            "'jobqueue worker 77 %'"), message="the hung worker's connection to be gone")
+        # Rescued at once if its backend was gone already, else by the next rescue.
+        assert result["rescued"] + await upkeep.rescue(conn) == 1
+        assert await by_status(conn) == {"pending": 1}
+    finally:
+        if not hung.is_closed():
+            hung.terminate()
+
+
+async def test_a_leader_chore_stuck_behind_a_lock_gives_up_within_the_lease_and_never_delays_the_heartbeat(  # noqa: E501
+    conn: asyncpg.Connection, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = WorkerConfig(lease=2.0)
+    assert config.statement_timeout < config.lease
+    await register(conn, 90)
+    monitor = await upkeep.connect(db_url, "jobqueue worker 90 monitor test", config)
+    beating = await upkeep.connect(db_url, "jobqueue worker 90 heartbeat test", config)
+    blocker = await db.connect(db_url)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        chores = leader(config, monitor, 90)
+        started = time.monotonic()
+        stuck = asyncio.create_task(chores.run_once())  # its rescue waits for the lock
+        assert await heartbeat(config, beating, 90).run_once() == {"fenced": [], "rescued": 0}
+        assert not stuck.done()  # the heartbeat went through while the chore waits
+        with pytest.raises(asyncpg.QueryCanceledError):
+            await stuck
+        assert time.monotonic() - started < config.lease
+        # In the loop, a timeout is logged and the next tick tries again.
+        loop = asyncio.create_task(chores.run_forever())
+        await wait_for(lambda: "upkeep failed" in caplog.text, timeout=10,
+                       message="the loop to log the timeout")
+        assert not loop.done()
+        loop.cancel()
+        await tx.rollback()
+    finally:
+        for c in (blocker, monitor, beating):
+            c.terminate()
