@@ -40,7 +40,10 @@ def is_connection_error(exc: BaseException) -> bool:
     or a handler failed on its own."""
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
-    return any(isinstance(e, _CONNECTION_ERRORS) for e in _causes(exc))
+    # 57014 (a statement timeout, pg_cancel_backend) is filed under operator
+    # intervention too, but only the statement ended: the connection is fine.
+    return any(isinstance(e, _CONNECTION_ERRORS) and not isinstance(e, asyncpg.QueryCanceledError)
+               for e in _causes(exc))
 
 
 def one_line(exc: BaseException) -> str:

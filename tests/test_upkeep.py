@@ -164,3 +164,12 @@ async def test_a_leader_chore_stuck_behind_a_lock_gives_up_within_the_lease_and_
     finally:
         for c in (blocker, monitor, beating):
             c.terminate()
+
+
+def test_a_canceled_statement_is_not_a_lost_connection() -> None:
+    """A statement timeout ends the statement, not the connection: upkeep
+    and lanes carry on with it instead of starting the worker over."""
+    from jobqueue.errors import is_connection_error
+
+    assert not is_connection_error(asyncpg.QueryCanceledError("canceling statement"))
+    assert is_connection_error(asyncpg.AdminShutdownError("terminating connection"))

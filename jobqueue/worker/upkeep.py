@@ -91,9 +91,7 @@ async def _every_tick(chore: Callable[[], Awaitable[Any]], tick: float) -> None:
         except Fenced:
             raise
         except Exception as exc:
-            # 57014 (a statement timeout) is filed under operator intervention,
-            # like a shutdown; the connection is fine and the next tick retries.
-            if is_connection_error(exc) and not isinstance(exc, asyncpg.QueryCanceledError):
+            if is_connection_error(exc):
                 raise
             logger.error("upkeep failed (%s); trying again next tick", one_line(exc))
         await asyncio.sleep(tick)
