@@ -11,8 +11,10 @@ import pandas as pd
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobqueue import JobRunner, RetryPolicy, enqueue, enqueue_many, handlers
-from jobqueue.lab import tour
+from jobqueue.lab import slow_jobs, tour
+from jobqueue.schema.models import JobStatus
 from jobqueue.testing import drain
+from jobqueue.worker.upkeep import rescue
 
 matplotlib.use("Agg")
 
@@ -22,7 +24,7 @@ NO_WAIT = RetryPolicy(base=0, jitter=0)
 def test_registry_has_the_examples_and_the_lab_handlers() -> None:
     registry = tour.lesson_registry()
     assert list(registry) == ["broken", "flaky", "gated", "generate_report",
-                              "process_payment", "send_email", "verbose"]
+                              "process_payment", "send_email", "slow_write", "verbose"]
     assert "flaky" not in handlers  # the global registry is left alone
 
 
@@ -150,15 +152,24 @@ async def test_summary_counts_leave_timings_out(engine: AsyncEngine, db_url: str
                                                    "run_time_ms"}
 
 
-def test_state_machine_lists_every_status() -> None:
-    statuses = {s for src, dst, _ in tour.TRANSITIONS for s in (src, dst)}
-    assert statuses == {"pending", "processing", "completed", "failed", "retrying"}
+def test_state_machine_lists_every_status_and_both_ways_through() -> None:
+    statuses = {s for t in tour.TRANSITIONS for s in (t.src, t.dst)}
+    assert statuses == set(JobStatus)
+    claimed = {(t.src, t.dst) for t in tour.TRANSITIONS if not t.quick}
+    quick = {(t.src, t.dst) for t in tour.TRANSITIONS if t.quick}
+    # Claimed jobs go through processing; a quick batch takes a waiting job
+    # (`take`: pending or retrying) straight to what `complete` and `fail` write.
+    assert all("processing" in pair for pair in claimed)
+    assert quick == {(src, dst) for src in ("pending", "retrying")
+                     for dst in ("completed", "retrying", "failed")}
+    assert "processing" not in {s for pair in quick for s in pair}
     assert tour.plot_state_machine().axes
 
 
 async def test_crew_takeover_after_sigkill(
     engine: AsyncEngine, db_url: str, conn, tmp_path: Path
 ) -> None:
+    await slow_jobs.create_tables(conn)
     crew = tour.Crew(db_url, tmp_path)
     try:
         crew.start("first")
@@ -168,7 +179,7 @@ async def test_crew_takeover_after_sigkill(
         assert await crew.active_lock(conn) == {"holds": ["first"], "waits": ["second"]}
 
         async with engine.begin() as c:
-            ids = await enqueue_many(c, "sleep", [{"seconds": 0.005}] * 150)
+            ids = await enqueue_many(c, "slow_write", [{"seconds": 0.005}] * 150)
         assert await tour.wait_completed(conn, ids, at_least=20) >= 20
         killed_at = await crew.signal(conn, "first", signal.SIGKILL)
         await crew.wait_states(conn, {"second": "active"})
@@ -190,3 +201,108 @@ async def test_crew_takeover_after_sigkill(
     assert ended == {"first": "had exited (-9)", "second": "killed now"}
     assert crew.close() == {"first": "had exited (-9)", "second": "had exited (-9)"}
 
+
+
+#: What the jobs a dead worker held show once a standby put them back and ran
+#: them: completed by it, no attempt counted, their database work done once.
+RESCUED_AND_DONE_ONCE = {"status": ["completed"], "retry_count": [0], "worker": ["second"],
+                         "rows in lab_writes": [1], "attempts written": [1]}
+
+
+async def _frozen_holding_claimed_jobs(crew: tour.Crew, engine: AsyncEngine, conn,
+                                       jobs: int) -> tuple[list, list]:
+    """first (claiming every batch) active, second standing by, `jobs`
+    slow_write jobs under way, first frozen while it holds claimed jobs."""
+    async with engine.begin() as c:
+        ids = await enqueue_many(c, "slow_write", [{"seconds": 0.005}] * jobs)
+    await tour.wait_completed(conn, ids, at_least=20)
+    held, _ = await tour.catch_claimed(conn, crew, "first", ids)
+    assert held, "there must be something to rescue"
+    assert await tour.fate(conn, crew, held) == {
+        "status": ["processing"], "retry_count": [0], "worker": ["first"],
+        "rows in lab_writes": [0], "attempts written": []}
+    return ids, held
+
+
+async def test_a_killed_worker_s_claimed_jobs_are_put_back_and_done_once(
+    engine: AsyncEngine, db_url: str, conn, tmp_path: Path
+) -> None:
+    await slow_jobs.create_tables(conn)
+    crew = tour.Crew(db_url, tmp_path)
+    try:
+        crew.start("first", *tour.CLAIM_FIRST)
+        await crew.wait_states(conn, {"first": "active"})
+        crew.start("second", *tour.CLAIM_FIRST)
+        await crew.wait_states(conn, {"first": "active", "second": "standby"})
+        ids, held = await _frozen_holding_claimed_jobs(crew, engine, conn, 200)
+
+        await crew.signal(conn, "first", signal.SIGKILL)
+        await crew.wait_states(conn, {"second": "active"})
+        assert await crew.wait_rescued("second", len(held)) == len(held)
+        await tour.wait_completed(conn, ids, at_least=200)
+        assert await tour.fate(conn, crew, held) == RESCUED_AND_DONE_ONCE
+        assert (await tour.fate(conn, crew, ids))["rows in lab_writes"] == [1]
+    finally:
+        crew.close()
+
+
+async def test_a_frozen_worker_is_fenced_after_the_lease_and_its_jobs_put_back(
+    engine: AsyncEngine, db_url: str, conn, tmp_path: Path
+) -> None:
+    await slow_jobs.create_tables(conn)
+    crew = tour.Crew(db_url, tmp_path)
+    try:
+        crew.start("first", *tour.CLAIM_FIRST)
+        await crew.wait_states(conn, {"first": "active"})
+        crew.start("second", *tour.CLAIM_FIRST, "--lease", "1.5")
+        await crew.wait_states(conn, {"first": "active", "second": "standby"})
+        ids, held = await _frozen_holding_claimed_jobs(crew, engine, conn, 200)
+
+        await crew.wait_states(conn, {"second": "active"})  # first stays frozen
+        assert crew.log_lines("second", "fenced off worker")
+        assert await crew.wait_rescued("second", len(held)) == len(held)
+        await tour.wait_completed(conn, ids, at_least=200)
+        assert await tour.fate(conn, crew, held) == RESCUED_AND_DONE_ONCE
+    finally:
+        ended = crew.close()
+    assert ended == {"first": "killed now", "second": "killed now"}
+
+
+async def test_a_killed_quick_batch_leaves_nothing_to_put_back(
+    engine: AsyncEngine, db_url: str, conn, tmp_path: Path
+) -> None:
+    await slow_jobs.create_tables(conn)
+    crew = tour.Crew(db_url, tmp_path)
+    try:
+        crew.start("first")  # quick batches, the default
+        await crew.wait_states(conn, {"first": "active"})
+        async with engine.begin() as c:
+            ids = await enqueue_many(c, "slow_write", [{"seconds": 0.005}] * 300)
+        await tour.wait_completed(conn, ids, at_least=30)
+        taken, _ = await tour.catch_quick_batch(conn, crew, "first", ids)
+        assert taken, "the freeze must catch a quick batch under way"
+        assert await tour.held_by(conn, crew, "first") == []
+        await crew.signal(conn, "first", signal.SIGKILL)
+        await tour.wait_released(conn, ids)
+        assert await rescue(conn) == 0
+        assert await tour.fate(conn, crew, taken) == {
+            "status": ["pending"], "retry_count": [0], "worker": ["nobody"],
+            "rows in lab_writes": [0], "attempts written": []}
+        await drain(db_url, registry=tour.lesson_registry())
+        done = await tour.fate(conn, crew, ids)
+        assert done["status"] == ["completed"] and done["rows in lab_writes"] == [1]
+    finally:
+        crew.close()
+
+
+def test_an_exercise_prompts_until_answered_and_the_reference_checks_it() -> None:
+    blank = {"runs": ..., "status": ...}
+    assert tour.prediction_prompt(blank).startswith("No prediction yet: replace the ... of "
+                                                    "runs, status")
+    assert tour.check_prediction(blank, {"runs": 3}).startswith("You made no prediction")
+    guess = {"runs": 3, "status": "failed"}
+    assert tour.prediction_prompt(guess).startswith("Your prediction: ")
+    assert tour.check_prediction(guess, {"runs": 3, "status": "failed", "retry_count": 2}) == (
+        "Your prediction was right.")
+    assert tour.check_prediction(guess, {"runs": 4, "status": "failed"}) == (
+        "Not quite; the database says runs = 4")
