@@ -509,14 +509,34 @@ def _comparison(results: Path) -> str:
     ])
 
 
-def _limits() -> str:
+def commit_cost_us(results: Path) -> float | None:
+    """What a durable commit costs on this machine, from the ceiling table: an
+    INSERT committed on its own minus the same INSERT in an open transaction
+    (None without the table)."""
+    if not (results / "ceiling.csv").exists():
+        return None
+    rows = load("ceiling", results)[0].set_index("name")["wall_us"]
+    if not {"INSERT + COMMIT", "INSERT"} <= set(rows.index):
+        return None
+    return float(rows["INSERT + COMMIT"] - rows["INSERT"])
+
+
+def _limits(results: Path) -> str:
+    frames = [load(path.stem, results)[0] for path in sorted(results.glob("*.csv"))]
+    most = max((int(f["workers"].dropna().max()) for f in frames
+                if "workers" in f.columns and f["workers"].notna().any()), default=1)
+    commit = commit_cost_us(results)
+    commit_line = ("- Durable settings (fsync and synchronous_commit on) on a virtual disk: "
+                   + (f"a commit costs about {commit:,.0f} µs here (the ceiling table: an INSERT "
+                      "committed on its own, minus the INSERT), which bounds every "
+                      "per-job-commit figure." if commit is not None else
+                      "every per-job-commit figure is bounded by the cost of a commit."))
     return "\n".join([
         "## Known limits of these figures", "",
         "- One 2-core machine runs the server, the workers and the producer: they compete "
-        "for CPU, so the figures are lower than on a real database host, and the runs stop at "
-        "two worker processes, one per core.",
-        "- Durable settings (fsync and synchronous_commit on) on a virtual disk: a commit "
-        "costs about half a millisecond, which bounds every per-job-commit figure.",
+        "for CPU, so the figures are lower than on a real database host; the most worker "
+        f"processes any setup of this run used is {most}.",
+        commit_line,
         "- The producer of the latency runs is one Python process; at the highest rates its "
         "own lag is reported in the results file (`producer_late_p99_ms`).",
     ])
@@ -620,7 +640,7 @@ def render(results: Path = RESULTS, target: Path = CHECKOUT / "BENCHMARKS.md") -
         body.append(f"{title}\n\n{stamp(results, name, record)}\n{rest}")
     if (results / "throughput_matrix.csv").exists():
         body.append(_comparison(results))
-    body.append(_limits())
+    body.append(_limits(results))
     target.write_text("\n\n".join(body) + "\n")
     return target
 
