@@ -1,5 +1,6 @@
 """`make bench`: every benchmark notebook at full size, the per-job cost
-table, then BENCHMARKS.md, as one run with one stamp.
+table, then BENCHMARKS.md and the README's performance summary, as one run
+with one stamp.
 
     python -m jobqueue.benchmarks.run                 # what `make bench` runs
     python -m jobqueue.benchmarks.run comparison      # one notebook again: a partial rerun
@@ -38,7 +39,8 @@ RESULTS = NOTEBOOKS / "results"
 BENCH_NOTEBOOKS = ("throughput", "latency", "recovery", "comparison")
 #: The steps after the notebooks, as this driver runs them.
 AFTER = {"ceiling": [sys.executable, "-m", "jobqueue.benchmarks.ceiling", "--save"],
-         "report": [sys.executable, "-m", "jobqueue.benchmarks.report"]}
+         "report": [sys.executable, "-m", "jobqueue.benchmarks.report"],
+         "readme": [sys.executable, "-m", "jobqueue.benchmarks.readme"]}
 #: How often the terminal hears from a run when nothing changed (seconds);
 #: a terminal gets one line rewritten in place every `TTY_TICK` instead.
 QUIET_TICK = 30.0
@@ -208,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"one of {', '.join(BENCH_NOTEBOOKS)}")
     names = list(args.notebooks) or list(BENCH_NOTEBOOKS)
     full = not args.notebooks
-    order = [*names, *(AFTER if full else ["report"])]
+    order = [*names, *(AFTER if full else ["report", "readme"])]
 
     started = datetime.now(UTC).isoformat(timespec="seconds")
     commit = checkout_commit()
