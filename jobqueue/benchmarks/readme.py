@@ -145,8 +145,11 @@ def summary(results: Path) -> str:
                  "nowhere in this run: jobqueue's best is ahead of every peer's best with "
                  "the same number of processes, on every workload.") + "")
     if costs(results):
-        lines += ["", "What a job costs here (`python -m jobqueue.benchmarks.ceiling`, same "
-                  "run; BENCHMARKS.md has the whole table): " + " ".join(costs(results))]
+        ceiling_run = load("ceiling", results)[1].get("run", "?")
+        drains_run = load("comparison_drain", results)[1].get("run", "?")
+        which = "same run" if ceiling_run == drains_run else f"the run {ceiling_run}"
+        lines += ["", f"What a job costs here (`python -m jobqueue.benchmarks.ceiling`, {which}; "
+                  "BENCHMARKS.md has the whole table): " + " ".join(costs(results))]
     lines += ["", END]
     return "\n".join(lines)
 
