@@ -4,26 +4,21 @@ real server connections: what it hands out, and what it does to locks."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
-from jobqueue import db
 from jobqueue.lab import bouncer, locks
 from jobqueue.testing import wait_for
+from tests.lab.conftest import Labelled
 
 KEY = 21
 
 
 @pytest.fixture
-async def servers(db_url: str) -> AsyncIterator[dict[str, asyncpg.Connection]]:
+async def servers(labelled: Labelled) -> dict[str, asyncpg.Connection]:
     """Two server connections and an observer, labelled as lesson 03 labels them."""
-    conns = {label: await db.connect(db_url, application_name=f"lab {label}")
-             for label in ("server 1", "server 2", "watch")}
-    yield conns
-    for c in conns.values():
-        c.terminate()
+    return await labelled("server 1", "server 2", "watch")
 
 
 def _pool(servers: dict[str, asyncpg.Connection]) -> bouncer.TransactionPool:

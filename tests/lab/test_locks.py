@@ -11,20 +11,16 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
-from jobqueue import db
 from jobqueue.lab import locks
 from jobqueue.schema.locks import LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.worker import JobRunner
+from tests.lab.conftest import Labelled
 
 
 @pytest.fixture
-async def named(db_url: str) -> AsyncIterator[dict[str, asyncpg.Connection]]:
+async def named(labelled: Labelled) -> dict[str, asyncpg.Connection]:
     """Connections labelled A, B and watch, as `lab.connect` names them."""
-    conns = {label: await db.connect(db_url, application_name=f"lab {label}")
-             for label in ("A", "B", "watch")}
-    yield conns
-    for c in conns.values():
-        c.terminate()
+    return await labelled("A", "B", "watch")
 
 
 @pytest.fixture
