@@ -309,7 +309,9 @@ async def _subtrans_reads(reader: asyncpg.Connection, observer: asyncpg.Connecti
                           sql: str) -> int:
     """pg_subtrans pages `reader` read running `sql`. A backend sends its
     statistics in at most once a second; pg_stat_force_next_flush() makes
-    it send them when the statement that asked ends."""
+    it send them when the statement that asked ends. The counter is the
+    server's: it is `reader`'s alone while no other session reads through
+    an overflowed snapshot (none does in the lesson's database)."""
     await reader.fetchval("SELECT pg_stat_force_next_flush()")
     before = await observer.fetchval(SUBTRANS_READS)
     await reader.fetchval(sql)
