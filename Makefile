@@ -31,15 +31,11 @@ test: setup
 	[ -n "$$DATABASE_URL" ] || [ $$up = 1 ] || $(BIN)/jobqueue db down; \
 	exit $$status
 
-## bench: run every benchmark notebook at full size and the per-job cost table (ceiling),
-## then render BENCHMARKS.md and its plots
-BENCH_NOTEBOOKS := throughput latency recovery comparison
+## bench: every benchmark notebook at full size and the per-job cost table (ceiling), then
+## BENCHMARKS.md and its plots, as one stamped run; the terminal shows where it is and the
+## time left (`python -m jobqueue.benchmarks.run NOTEBOOK` reruns one: a partial rerun)
 bench: setup
-	cd notebooks/benchmarks && for nb in $(BENCH_NOTEBOOKS); do \
-		JOBQUEUE_LAB_SIZE=full ../../$(BIN)/jupyter nbconvert --to notebook --execute \
-			--inplace --ExecutePreprocessor.timeout=3600 $$nb.ipynb || exit 1; done
-	JOBQUEUE_LAB_SIZE=full $(BIN)/python -m jobqueue.benchmarks.ceiling --save
-	$(BIN)/python -m jobqueue.benchmarks.report
+	$(BIN)/python -m jobqueue.benchmarks.run
 
 ## bench-quick: the core numbers in a minute, no Jupyter (drain 100/1,000/10,000 jobs, lone-job latency)
 bench-quick: setup

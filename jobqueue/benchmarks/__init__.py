@@ -7,6 +7,11 @@ from PostgreSQL's clock, and returns plain rows that `save()` writes to CSV
 with the machine's description. `jobqueue.benchmarks.report` renders
 BENCHMARKS.md and its plots from those files, so nothing in it is typed by hand.
 
+Every results file also says which run wrote it: `make bench` (the driver,
+`jobqueue.benchmarks.run`) stamps its start time and git commit into
+`JOBQUEUE_BENCH_RUN` and `JOBQUEUE_BENCH_COMMIT`, so BENCHMARKS.md can tell a
+section from another run (a partial rerun) from the rest.
+
 Sizes come from one place: `param(name, smoke=…, full=…)`. `JOBQUEUE_LAB_SIZE`
 picks the column (`smoke` unless it says `full`; `make bench` says `full`),
 and `JOBQUEUE_BENCH_<NAME>` overrides any single parameter.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +29,10 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _CHECKOUT = Path(__file__).resolve().parents[2]
+RUN_ENV = "JOBQUEUE_BENCH_RUN"
+COMMIT_ENV = "JOBQUEUE_BENCH_COMMIT"
+#: What a bench run itself rewrites: not a change to the code it measured.
+_RUN_OUTPUTS = ("notebooks/benchmarks/", "BENCHMARKS.md")
 
 
 def size() -> str:
@@ -55,14 +65,40 @@ def results_dir() -> Path:
     return path
 
 
+def checkout_commit() -> str:
+    """The commit measured: `git rev-parse --short` of the checkout, with
+    `+changes` when tracked files differ from it (beyond what a bench run
+    rewrites), `unknown` outside a git checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(_CHECKOUT), *args], capture_output=True,
+                              text=True, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD").strip()
+        changed = [line[3:] for line in git("status", "--porcelain",
+                                            "--untracked-files=no").splitlines()]
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    edits = [path for path in changed if not path.startswith(_RUN_OUTPUTS)]
+    return commit + ("+changes" if edits else "")
+
+
+def run_stamp() -> dict[str, str]:
+    """Which run this is: the bench driver's start time and commit, or, for a
+    notebook run by hand, `by hand` and the commit now."""
+    return {"run": os.environ.get(RUN_ENV, "by hand"),
+            "commit": os.environ.get(COMMIT_ENV) or checkout_commit()}
+
+
 def save(rows: list[dict[str, Any]], name: str, context: dict[str, str]) -> Path:
-    """Write `rows` to `<results_dir>/<name>.csv`, machine and settings first as
-    `# key: value` lines (read back with `load`)."""
+    """Write `rows` to `<results_dir>/<name>.csv`, machine, settings and the run
+    (`run_stamp`) first as `# key: value` lines (read back with `load`)."""
     import pandas as pd
 
     path = results_dir() / f"{name}.csv"
     with path.open("w", newline="") as f:
-        for key, value in {**context, "written": datetime.now(UTC).isoformat(timespec="seconds"),
+        for key, value in {**context, **run_stamp(),
+                           "written": datetime.now(UTC).isoformat(timespec="seconds"),
                            "size": size()}.items():
             f.write(f"# {key}: {value}\n")
         pd.DataFrame(rows).to_csv(f, index=False)

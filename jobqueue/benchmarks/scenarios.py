@@ -603,10 +603,11 @@ def spread(values: Sequence[float]) -> dict[str, float]:
 
 
 def progress(total: int, desc: str) -> Any:
-    """A progress bar for a series of runs (tqdm, notebook-aware)."""
-    from tqdm.auto import tqdm
+    """Progress of a series of runs: on the bench driver's terminal under
+    `make bench`, a tqdm bar in a notebook opened by hand (`progress.steps`)."""
+    from jobqueue.benchmarks.progress import steps
 
-    return tqdm(total=total, desc=desc, leave=False)
+    return steps(total, desc)
 
 
 async def drain_matrix(url: str, *, n: int, batch_sizes: Sequence[int],

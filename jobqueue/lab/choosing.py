@@ -35,6 +35,9 @@ LATENCY_KEY = 1
 QUEUE_KEY = 2
 HOLDER_KEY = 3
 
+#: The floor of section 1: a round trip that asks the server for nothing.
+FLOOR = "SELECT 1"
+
 
 # --- latency -----------------------------------------------------------------
 
@@ -69,14 +72,14 @@ async def measure_round_trips(
     which is what a lock call costs the caller. The kinds are interleaved so
     that a hiccup of the machine hits all of them alike.
     """
-    floor, try_lock = "SELECT 1", "SELECT pg_try_advisory_lock($1, $2)"
+    floor, try_lock = FLOOR, "SELECT pg_try_advisory_lock($1, $2)"
     unlock = "SELECT pg_advisory_unlock($1, $2)"
     trips = RoundTrips()
     busy_key = LATENCY_KEY + 100
     await other.fetchval("SELECT pg_advisory_lock($1, $2)", LESSON, busy_key)
     try:
         for _ in range(n):
-            trips.add("SELECT 1", *await _timed(conn, floor))
+            trips.add(FLOOR, *await _timed(conn, floor))
             trips.add("try lock (free)", *await _timed(conn, try_lock, LESSON, LATENCY_KEY))
             trips.add("unlock", *await _timed(conn, unlock, LESSON, LATENCY_KEY))
             trips.add("try lock (held by another)",
@@ -100,6 +103,52 @@ def latency_table(trips: RoundTrips) -> Any:
     return pd.DataFrame(rows).set_index("round trip").round(1)
 
 
+def median_ratios(trips: RoundTrips) -> dict[str, float]:
+    """Each lock call's median round trip, as a multiple of the floor's
+    (`SELECT 1`): 1.0 means the lock costs nothing beyond the round trip."""
+    import numpy as np
+
+    floor = float(np.median(trips.seconds[FLOOR]))
+    return {kind: float(np.median(values)) / floor
+            for kind, values in trips.seconds.items() if kind != FLOOR}
+
+
+def medians_within(trips: RoundTrips, factor: float) -> bool:
+    """Whether every lock call's median is within `factor` of the floor's.
+
+    The lesson checks this on every run, loaded machine or not: the kinds are
+    interleaved, so a slow moment of the machine slows all of them alike, and
+    a median of many round trips does not move with a few slow ones."""
+    return all(1 / factor <= r <= factor for r in median_ratios(trips).values())
+
+
+def latency_summary(trips: RoundTrips) -> str:
+    """What this run's figures say, in sentences computed from them (the
+    figures change from run to run, so no sentence about them is typed)."""
+    table = latency_table(trips)
+    p50, p99 = table["p50 µs"], table["p99 µs"]
+    locks = [kind for kind in table.index if kind != FLOOR]
+    ratios = median_ratios(trips)
+    n = int(table["n"].min())
+    spread = p99.max() / p99.min()
+    text = (f"At the median: `{FLOOR}` {p50[FLOOR]:.1f} µs, "
+            f"the three lock calls {p50[locks].min():.1f}–{p50[locks].max():.1f} µs, "
+            f"{min(ratios.values()):.2f}–{max(ratios.values()):.2f}× the floor. "
+            f"{'In the tail they part' if spread >= 1.5 else 'In the tail they stay close'}: "
+            f"p99 runs from {p99.min():.0f} µs ({p99.idxmin()}) to {p99.max():.0f} µs "
+            f"({p99.idxmax()}), {spread:.1f}× apart. Each p99 is decided by the slowest 1% "
+            f"of its {n:,} round trips, ")
+    if p99[FLOOR] >= p99[locks].min():
+        than = "every lock call" if p99[FLOOR] >= p99[locks].max() else "some of the lock calls"
+        text += (f"and `{FLOOR}`, which takes no lock at all, has a longer tail than {than}: "
+                 "there, the price is the machine's (scheduling, other processes), not the "
+                 "lock's.")
+    else:
+        text += (f"and in this run every lock call's tail is longer than `{FLOOR}`'s: rerun "
+                 "the cell to see whether that order holds from run to run.")
+    return text
+
+
 def cycles_per_second(trips: RoundTrips) -> float:
     """Lock-and-unlock cycles one connection can do per second, back to back,
     at the median round trip: the ceiling that round trips set."""
@@ -112,8 +161,9 @@ def cycles_per_second(trips: RoundTrips) -> float:
 
 def plot_latencies(trips: RoundTrips) -> Any:
     """Each kind of round trip as a cumulative distribution: for every time on
-    the x axis, the share of round trips that took at most that long. Curves
-    on top of each other cost the same; the log scale keeps the tail in view."""
+    the x axis, the share of round trips that took at most that long. Where
+    curves overlap the calls cost the same; the log scale keeps the tail, where
+    they part, in view."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -128,7 +178,8 @@ def plot_latencies(trips: RoundTrips) -> Any:
     ax.set_ylabel("share of round trips ≤ x")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.set_title("Taking an advisory lock costs what SELECT 1 costs: one round trip")
+    ax.set_title(f"Round trips on one connection: {FLOOR} and advisory lock calls "
+                 f"({min(len(v) for v in trips.seconds.values()):,} each)")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     plt.close(fig)
@@ -363,29 +414,30 @@ _MATRIX: tuple[tuple[str, str, str, str, str], ...] = (
      "one round trip to the database",
      "one round trip (Redlock: one to each master, in parallel)",
      "a quorum write (consensus) per acquisition",
-     "PostgreSQL measured below; the others not measured here"),
+     "PostgreSQL: measured in section 1 above; the others not measured here"),
     ("holder dies (crash)",
      "freed when its session ends: at once on a clean socket close",
      "held until the key's TTL (PX) expires",
      "held until the session (ZK) or lease (etcd) times out",
-     "PostgreSQL shown below; Redis SET docs, ZK recipes, etcd lease docs"),
+     "PostgreSQL: section 3 above; Redis SET docs, ZK recipes, etcd lease docs"),
     ("holder hangs (alive, stuck)",
      "held as long as its connection lives: add a heartbeat and "
      "pg_terminate_backend (jobqueue's fencing)",
      "TTL expires while it may still act: needs fencing",
      "session/lease expires while it may still act: needs fencing",
-     "PostgreSQL shown below; Kleppmann's critique"),
+     "PostgreSQL: section 4 above; Kleppmann's critique"),
     ("fencing tokens",
      "none built in; writes on the lock's own connection die with it; "
      "else keep a counter (jobqueue checks worker_id)",
      "none (Redlock has no monotonic token)",
      "yes: zxid / znode version (ZK), key revision (etcd)",
-     "PostgreSQL shown below; Kleppmann's critique, ZK and etcd docs"),
+     "PostgreSQL: section 3 above (the uncommitted insert died with the lock); "
+     "Kleppmann's critique, ZK and etcd docs"),
     ("fairness / queueing",
      "blocked waiters are granted in arrival order",
      "no queue: clients retry (polling)",
      "FIFO by sequence number (ZK) / create revision (etcd)",
-     "PostgreSQL shown below; ZK lock recipe, etcd concurrency API"),
+     "PostgreSQL: section 2 above; ZK lock recipe, etcd concurrency API"),
     ("cross-datacenter",
      "one primary: locks live in its memory, not WAL-logged, not replicated",
      "single instance, or Redlock over independent masters (its safety disputed)",
@@ -395,12 +447,12 @@ _MATRIX: tuple[tuple[str, str, str, str, str], ...] = (
      "the database's: round trips and its shared lock table",
      "high (in-memory, single-threaded server)",
      "bounded by consensus writes",
-     "PostgreSQL measured below (one connection); others not measured here"),
+     "PostgreSQL: section 1 above (one connection); others not measured here"),
     ("visibility",
      "SELECT … FROM pg_locks (holder, waiters, mode)",
      "GET the key; its TTL",
      "list the lock's children (ZK) / keys under the prefix (etcd)",
-     "PostgreSQL shown below"),
+     "PostgreSQL: section 2 above (pg_locks)"),
 )
 
 

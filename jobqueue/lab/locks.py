@@ -422,6 +422,14 @@ async def backend_pid(conn: AsyncConnection | Any) -> int:
     return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
 
 
+async def connection_of(observer: asyncpg.Connection, conn: AsyncConnection | Any) -> str:
+    """The label of the pooled connection a SQLAlchemy connection or session
+    runs its statements on right now (see `label_pool`)."""
+    name = await observer.fetchval(
+        "SELECT application_name FROM pg_stat_activity WHERE pid = $1", await backend_pid(conn))
+    return connection_label(name)
+
+
 @asynccontextmanager
 async def advisory_lock(engine: AsyncEngine, key: Key, *,
                         wait: bool = True) -> AsyncIterator[bool]:

@@ -9,22 +9,18 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
-from jobqueue import db
 from jobqueue.lab import locks
 from jobqueue.schema.locks import LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.worker import JobRunner
+from tests.lab.conftest import Labelled
 
 
 @pytest.fixture
-async def named(db_url: str) -> AsyncIterator[dict[str, asyncpg.Connection]]:
+async def named(labelled: Labelled) -> dict[str, asyncpg.Connection]:
     """Connections labelled A, B and watch, as `lab.connect` names them."""
-    conns = {label: await db.connect(db_url, application_name=f"lab {label}")
-             for label in ("A", "B", "watch")}
-    yield conns
-    for c in conns.values():
-        c.terminate()
+    return await labelled("A", "B", "watch")
 
 
 @pytest.fixture
@@ -33,13 +29,6 @@ async def pool(db_url: str) -> AsyncIterator[AsyncEngine]:
     locks.label_pool(eng, "pool")
     yield eng
     await eng.dispose()
-
-
-async def _label(watch: asyncpg.Connection, conn: AsyncConnection) -> str:
-    pid = await locks.backend_pid(conn)
-    name = await watch.fetchval("SELECT application_name FROM pg_stat_activity WHERE pid = $1",
-                                pid)
-    return locks.connection_label(name)
 
 
 def test_connection_label() -> None:
@@ -170,10 +159,15 @@ async def test_advisory_lock_holds_and_releases_on_one_connection(
         state = await watch.fetchval(
             "SELECT state FROM pg_stat_activity WHERE application_name = 'lab pool 1'")
         assert state == "idle"  # committed after locking: not idle in transaction
+        async with AsyncSession(pool) as other:  # other work runs on the other connection
+            assert await locks.connection_of(watch, other) == "pool 2"
+            await other.commit()
+        assert await locks.holders(watch, 11) == ["pool 1"]
     assert await locks.advisory_locks(watch) == []
     async with locks.advisory_lock(pool, (LOCK_CLASS, 5), wait=False) as acquired:
         assert acquired is True
-        assert await locks.holders(watch, (LOCK_CLASS, 5)) == ["pool 1"]
+        # The pool hands out the connection returned first: the other session's.
+        assert await locks.holders(watch, (LOCK_CLASS, 5)) == ["pool 2"]
     assert await locks.advisory_locks(watch) == []
 
 
@@ -192,7 +186,7 @@ async def test_advisory_lock_released_when_the_block_raises(
             raise RuntimeError("boom")
     assert await locks.advisory_locks(named["watch"]) == []
     async with pool.connect() as c:  # unlocked cleanly: the same connection was pooled again
-        assert await _label(named["watch"], c) == "pool 1"
+        assert await locks.connection_of(named["watch"], c) == "pool 1"
 
 
 async def test_advisory_lock_cancelled_while_waiting_leaves_nothing(
@@ -214,7 +208,7 @@ async def test_advisory_lock_cancelled_while_waiting_leaves_nothing(
     assert not entered.is_set()
     assert await locks.wait_until_free(watch, 14)
     async with pool.connect() as c:  # the waiting connection was dropped, not pooled
-        assert await _label(watch, c) == "pool 2"
+        assert await locks.connection_of(watch, c) == "pool 2"
 
 
 async def test_advisory_lock_lost_connection_is_not_pooled(

@@ -111,3 +111,61 @@ def test_error_kind() -> None:
     assert savepoints.error_kind("SwallowedDatabaseError: the handler …") == (
         "SwallowedDatabaseError")
     assert savepoints.pay("o'k", 1, 5)[1].endswith("VALUES ('o''k', 1, 5)")
+
+
+@pytest.fixture
+async def others(db_url: str):  # type: ignore[no-untyped-def]
+    """Two more connections: a reader and an observer."""
+    from jobqueue import db
+
+    pair = [await db.connect(db_url, application_name=name) for name in ("reader", "observer")]
+    yield pair
+    for c in pair:
+        await c.close()
+
+
+async def test_the_subtransaction_cache_overflows_past_64(accounts, others) -> None:
+    _, observer = others
+    cache = await savepoints.cache_by_savepoint(accounts, observer, marks=(1, 64, 65))
+    assert list(cache.index) == [
+        "savepoints that only read: 100", "savepoints that wrote: 1", "savepoints that wrote: 64",
+        "savepoints that wrote: 65", "ROLLBACK TO SAVEPOINT s10", "after COMMIT"]
+    assert list(cache["cached subxids"]) == [0, 1, 64, 64, 9, 0]
+    assert list(cache["overflowed"]) == [False, False, False, True, True, False]
+
+
+async def test_an_overflowed_writer_costs_readers_pg_subtrans_reads(accounts, others) -> None:
+    reader, observer = others
+    fits = await savepoints.reader_cost(accounts, reader, observer, savepoints=64, rows=100)
+    released = await savepoints.reader_cost(accounts, reader, observer, savepoints=65, rows=100,
+                                            nested=False)
+    nested = await savepoints.reader_cost(accounts, reader, observer, savepoints=65, rows=100)
+    assert (fits["overflowed"], released["overflowed"], nested["overflowed"]) == (
+        False, True, True)
+    per_row = "pg_subtrans reads per row, 1st count"
+    assert fits[per_row] == fits["2nd count"] == 0.0
+    assert released[per_row] == released["2nd count"] == 2.0  # subxact -> top -> none
+    # the row of the k-th nested savepoint walks k + 1 parents: (2 + … + 66) / 65
+    assert nested[per_row] == nested["2nd count"] == sum(range(2, 67)) / 65 == 34.0
+    assert await accounts.fetchval("SELECT count(*) FROM lesson_rows") == 0  # rolled back
+
+
+async def test_a_savepoint_costs_time_and_changes_nothing(accounts) -> None:
+    for wrapped in (False, True):
+        assert await savepoints.payments_timed(accounts, 20, savepoints=wrapped) > 0
+    assert await savepoints.balances(accounts) == {1: "100.00", 2: "50.00"}
+
+
+async def test_rollback_to_savepoint_releases_transaction_locks_not_session_ones(
+    accounts,
+) -> None:
+    steps = await savepoints.run_steps(accounts, [
+        "BEGIN", "SAVEPOINT s", "SELECT pg_try_advisory_xact_lock(5, 1)",
+        "SELECT pg_try_advisory_lock(5, 2)", savepoints.HELD_LOCKS,
+        "ROLLBACK TO SAVEPOINT s", savepoints.HELD_LOCKS,
+        "SAVEPOINT t", "SELECT pg_try_advisory_xact_lock(5, 3)", "RELEASE SAVEPOINT t",
+        savepoints.HELD_LOCKS, "COMMIT", savepoints.HELD_LOCKS,
+        "SELECT pg_advisory_unlock(5, 2)", savepoints.HELD_LOCKS])
+    held = [v for s, v in zip(steps["statement"], steps["value"], strict=True)
+            if s.startswith("SELECT coalesce")]
+    assert held == ["5/1, 5/2", "5/2", "5/2, 5/3", "5/2", "none"]

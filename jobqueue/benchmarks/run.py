@@ -1,0 +1,262 @@
+"""`make bench`: every benchmark notebook at full size, the per-job cost
+table, then BENCHMARKS.md and the README's performance summary, as one run
+with one stamp.
+
+    python -m jobqueue.benchmarks.run                 # what `make bench` runs
+    python -m jobqueue.benchmarks.run comparison      # one notebook again: a partial rerun
+
+The notebooks execute in a Jupyter kernel (nbclient) and are saved with their
+outputs in place. Nothing they draw reaches a terminal, so this driver says
+on its own where the run is: the notebook, the section of the cell running,
+the step of a series (`jobqueue.benchmarks.progress`), and an estimate of the
+time left from how long each cell took in the last full run (the committed
+notebooks keep their cells' timings) and how long the steps of the last run
+took (`run.json` beside the results). Every results file is stamped with the
+run's start and commit (`run_stamp`), which BENCHMARKS.md shows per section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from jobqueue.benchmarks import COMMIT_ENV, RUN_ENV, checkout_commit, progress
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = CHECKOUT / "notebooks" / "benchmarks"
+RESULTS = NOTEBOOKS / "results"
+#: The notebooks of `make bench`, in the order they run.
+BENCH_NOTEBOOKS = ("throughput", "latency", "recovery", "comparison")
+#: The steps after the notebooks, as this driver runs them.
+AFTER = {"ceiling": [sys.executable, "-m", "jobqueue.benchmarks.ceiling", "--save"],
+         "report": [sys.executable, "-m", "jobqueue.benchmarks.report"],
+         "readme": [sys.executable, "-m", "jobqueue.benchmarks.readme"]}
+#: How often the terminal hears from a run when nothing changed (seconds);
+#: a terminal gets one line rewritten in place every `TTY_TICK` instead.
+QUIET_TICK = 30.0
+TTY_TICK = 1.0
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def cell_seconds(cell: dict[str, Any]) -> float | None:
+    """How long a code cell took when the notebook last ran (nbclient records it)."""
+    timing = cell.get("metadata", {}).get("execution", {})
+    start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+    if not (start and end):
+        return None
+    parse = datetime.fromisoformat
+    return (parse(end.replace("Z", "+00:00")) - parse(start.replace("Z", "+00:00"))
+            ).total_seconds()
+
+
+def headings(cells: Sequence[dict[str, Any]]) -> list[str]:
+    """For each cell, the last Markdown heading at or before it (what a cell is part of)."""
+    current, out = "", []
+    for cell in cells:
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                if line.startswith("#"):
+                    current = line.lstrip("#").strip()
+        out.append(current)
+    return out
+
+
+class Ticker:
+    """The run's line on the terminal, from a thread while a cell executes."""
+
+    def __init__(self, progress_file: Path, remaining_after: float) -> None:
+        self.progress_file = progress_file
+        self.tty = sys.stdout.isatty()
+        self.started = time.monotonic()
+        self.label = "starting"
+        self.cell_started = time.monotonic()
+        self.cell_expected: float | None = None
+        self.remaining_after = remaining_after   # estimate for everything after this cell
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._printed = ""
+        self._printed_at = 0.0
+
+    def cell(self, label: str, expected: float | None, remaining_after: float) -> None:
+        self.label, self.cell_expected = label, expected
+        self.remaining_after = remaining_after
+        self.cell_started = time.monotonic()
+        self.show(force=True)
+
+    def line(self) -> str:
+        now = time.monotonic()
+        in_cell = now - self.cell_started
+        step = progress.last(self.progress_file)
+        here = ""
+        cell_left = None if self.cell_expected is None else max(0.0, self.cell_expected - in_cell)
+        if step and step["t"] >= time.time() - in_cell - 1:
+            done, total = int(step["done"]), int(step["total"])
+            here = f" · {step['desc']} {done}/{total}"
+            if 0 < done < total:
+                cell_left = (step["t"] - step["started"]) / done * (total - done)
+        left = "?" if cell_left is None else f"~{_clock(cell_left + self.remaining_after)}"
+        return f"[{_clock(now - self.started)} elapsed, {left} left] {self.label}{here}"
+
+    def show(self, force: bool = False) -> None:
+        text = self.line()
+        now = time.monotonic()
+        if self.tty:
+            sys.stdout.write("\r\033[K" + text)
+        elif force or (now - self._printed_at >= QUIET_TICK and text != self._printed):
+            sys.stdout.write(text + "\n")
+        else:
+            return
+        sys.stdout.flush()
+        self._printed, self._printed_at = text, now
+
+    def _loop(self) -> None:
+        while not self._stop.wait(TTY_TICK if self.tty else 1.0):
+            self.show()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.tty:
+            sys.stdout.write("\n")
+
+
+def _previous_run(results: Path) -> dict[str, Any]:
+    try:
+        return json.loads((results / "run.json").read_text())  # type: ignore[no-any-return]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def execute(name: str, ticker: Ticker, after: float, folder: Path = NOTEBOOKS) -> None:
+    """Run one notebook in place, telling `ticker` which cell runs; the
+    kernel's own stderr goes to a log shown only if a cell fails."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = folder / f"{name}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    durations = [cell_seconds(c) if c["cell_type"] == "code" else 0.0 for c in nb.cells]
+    sections = headings(nb.cells)
+    code = [i for i, c in enumerate(nb.cells) if c["cell_type"] == "code"]
+
+    def on_cell_execute(cell: Any, cell_index: int) -> None:
+        later = sum(d or 0.0 for d in durations[cell_index + 1:])
+        number = code.index(cell_index) + 1 if cell_index in code else 0
+        label = f"{name} cell {number}/{len(code)}"
+        if sections[cell_index]:
+            label += f" · {sections[cell_index]}"
+        ticker.cell(label, durations[cell_index], later + after)
+
+    client = NotebookClient(nb, timeout=3600, kernel_name="python3",
+                            resources={"metadata": {"path": str(folder)}},
+                            on_cell_execute=on_cell_execute)
+    with tempfile.TemporaryFile("w+") as kernel_log:
+        try:
+            client.execute(stderr=kernel_log)
+        except Exception as exc:
+            kernel_log.seek(0)
+            raise RuntimeError(f"{name}.ipynb: {exc}\nkernel stderr:\n"
+                               f"{kernel_log.read()[-2000:]}") from exc
+    nbformat.write(nb, path)
+
+
+def notebook_estimate(name: str) -> float:
+    """The seconds a notebook's cells took in its last full run (0 if unknown)."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    return sum(cell_seconds(c) or 0.0 for c in nb.cells if c["cell_type"] == "code")
+
+
+def _record(previous: dict[str, Any], started: str, commit: str, full: bool,
+            names: Sequence[str], took: dict[str, float]) -> dict[str, Any]:
+    """`run.json`: the last full run (its start, commit and how long each step
+    took) and the partial reruns since, which the report marks as such."""
+    if full:
+        return {"started": started, "commit": commit, "steps": dict(took), "reruns": []}
+    rerun = {"started": started, "commit": commit, "notebooks": list(names)}
+    return {**previous, "reruns": [*previous.get("reruns", []), rerun]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobqueue.benchmarks.run",
+                                     description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
+                        help=f"only these, a partial rerun ({', '.join(BENCH_NOTEBOOKS)}); "
+                             "default: all of them, then the ceiling table")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.notebooks) - set(BENCH_NOTEBOOKS))
+    if unknown:
+        parser.error(f"no benchmark notebook {', '.join(unknown)}; "
+                     f"one of {', '.join(BENCH_NOTEBOOKS)}")
+    names = list(args.notebooks) or list(BENCH_NOTEBOOKS)
+    full = not args.notebooks
+    order = [*names, *(AFTER if full else ["report", "readme"])]
+
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    commit = checkout_commit()
+    previous = _previous_run(RESULTS)
+    estimates = {n: notebook_estimate(n) for n in names}
+    estimates.update({s: float(previous.get("steps", {}).get(s, 0.0))
+                      for s in order if s in AFTER})
+    print(f"make bench: {', '.join(order)}; run {started} at commit {commit}; "
+          f"about {_clock(sum(estimates.values()))} by the last full run's timings",
+          flush=True)
+
+    progress_file = Path(tempfile.mkstemp(prefix="jobqueue-bench-", suffix=".jsonl")[1])
+    os.environ.update({"JOBQUEUE_LAB_SIZE": "full", RUN_ENV: started, COMMIT_ENV: commit,
+                       progress.PROGRESS_ENV: str(progress_file)})
+    ticker = Ticker(progress_file, sum(estimates.values()))
+    ticker.start()
+    took: dict[str, float] = {}
+    try:
+        for i, step in enumerate(order):
+            after = sum(estimates[s] for s in order[i + 1:])
+            begun = time.monotonic()
+            if step == "report":   # it shows the run's steps: record them first
+                _write_record(_record(previous, started, commit, full, names, took))
+            if step in AFTER:
+                ticker.cell(step, estimates[step] or None, after)
+                done = subprocess.run(AFTER[step], cwd=CHECKOUT, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{step} failed:\n{done.stdout}{done.stderr}")
+            else:
+                execute(step, ticker, after)
+            took[step] = time.monotonic() - begun
+    except Exception as exc:  # a failed cell or step: say which; what ran before stays
+        ticker.stop()
+        print(f"make bench failed: {str(exc).strip()[-3000:]}", file=sys.stderr)
+        return 1
+    finally:
+        progress_file.unlink(missing_ok=True)
+    ticker.stop()
+    print("make bench: done in " + _clock(sum(took.values())) + " ("
+          + ", ".join(f"{s} {_clock(t)}" for s, t in took.items()) + ")", flush=True)
+    return 0
+
+
+def _write_record(record: dict[str, Any]) -> None:
+    (RESULTS / "run.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
