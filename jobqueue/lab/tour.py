@@ -821,31 +821,3 @@ async def wait_released(conn: asyncpg.Connection, ids: Sequence[uuid.UUID],
 
     await wait_for(released, timeout=timeout, message="locks released")
 
-
-# -- exercises ---------------------------------------------------------------------------
-
-#: What an exercise's prediction holds until the learner fills it in.
-UNANSWERED = ...
-
-
-def answered(prediction: Mapping[str, Any]) -> bool:
-    return all(value is not UNANSWERED for value in prediction.values())
-
-
-def prediction_prompt(prediction: Mapping[str, Any]) -> str:
-    """What an exercise cell says: a prompt until every `...` is replaced."""
-    if not answered(prediction):
-        missing = ", ".join(k for k, v in prediction.items() if v is UNANSWERED)
-        return (f"No prediction yet: replace the ... of {missing} with your guess and run "
-                "this cell again; the reference answer below checks it.")
-    return f"Your prediction: {dict(prediction)}. The reference answer below checks it."
-
-
-def check_prediction(prediction: Mapping[str, Any], actual: Mapping[str, Any]) -> str:
-    """The reference answer's verdict on the learner's prediction."""
-    if not answered(prediction):
-        return "You made no prediction above; the cell above waits for one."
-    wrong = {k: actual.get(k) for k, v in prediction.items() if actual.get(k) != v}
-    if not wrong:
-        return "Your prediction was right."
-    return "Not quite; the database says " + ", ".join(f"{k} = {v!r}" for k, v in wrong.items())

@@ -267,15 +267,3 @@ async def test_a_killed_quick_batch_leaves_nothing_to_put_back(
     done = await tour.fate(conn, crew, ids)
     assert done["status"] == ["completed"] and done["rows in lab_writes"] == [1]
 
-
-def test_an_exercise_prompts_until_answered_and_the_reference_checks_it() -> None:
-    blank = {"runs": ..., "status": ...}
-    assert tour.prediction_prompt(blank).startswith("No prediction yet: replace the ... of "
-                                                    "runs, status")
-    assert tour.check_prediction(blank, {"runs": 3}).startswith("You made no prediction")
-    guess = {"runs": 3, "status": "failed"}
-    assert tour.prediction_prompt(guess).startswith("Your prediction: ")
-    assert tour.check_prediction(guess, {"runs": 3, "status": "failed", "retry_count": 2}) == (
-        "Your prediction was right.")
-    assert tour.check_prediction(guess, {"runs": 4, "status": "failed"}) == (
-        "Not quite; the database says runs = 4")
