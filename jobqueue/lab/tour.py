@@ -24,17 +24,20 @@ import os
 import re
 import signal
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobqueue import current_job
-from jobqueue.lab import examples  # noqa: F401 - registers the three example handlers
+from jobqueue.lab import (
+    examples,  # noqa: F401 - registers the three example handlers
+    slow_jobs,  # noqa: F401 - registers slow_write, for the worker processes
+)
 from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.retry import RetryPolicy
 from jobqueue.schema.locks import ACTIVE_KEY, LOCK_CLASS
@@ -46,6 +49,8 @@ if TYPE_CHECKING:
 
 #: The example handlers of `jobqueue.lab.examples`, by job type.
 EXAMPLE_TYPES = ("send_email", "generate_report", "process_payment")
+#: The job of `jobqueue.lab.slow_jobs`, which the lesson's worker processes run.
+SLOW_TYPES = ("slow_write",)
 #: States in which a job will not run again.
 FINISHED = ("completed", "failed")
 
@@ -117,11 +122,12 @@ async def gated(session: AsyncSession, payload: dict[str, Any]) -> dict[str, Any
 
 
 def lesson_registry() -> HandlerRegistry:
-    """A registry of the three examples of `jobqueue.lab.examples` and the lab's
-    handlers. A registry of its own, not the global `handlers`, so what this
-    notebook's workers can run is exactly what it lists."""
+    """A registry of the three examples of `jobqueue.lab.examples`, the
+    `slow_write` of the worker processes and the lab's handlers. A registry of
+    its own, not the global `handlers`, so what this notebook's workers can
+    run is exactly what it lists."""
     registry = HandlerRegistry()
-    for job_type in EXAMPLE_TYPES:
+    for job_type in EXAMPLE_TYPES + SLOW_TYPES:
         handler = handlers.get(job_type)
         assert handler is not None, f"jobqueue.lab.examples registers {job_type}"
         registry.add(job_type, handler)
@@ -340,49 +346,87 @@ def plot_timeline(timeline: pd.DataFrame) -> Figure:
 
 # -- the state machine -------------------------------------------------------------
 
-#: (from, to, why) for every transition a job can make.
+class Transition(NamedTuple):
+    """One way a job's status changes: from, to, when; `quick`: in a quick
+    batch (taken, run and recorded in one transaction, never `processing`)."""
+
+    src: str
+    dst: str
+    why: str
+    quick: bool = False
+
+
+#: Every transition a job can make, as the worker's statements make them
+#: (`claim`, `complete`, `fail`, `hand_back`, `rescue`, and `take` for quick batches).
 TRANSITIONS = (
-    ("pending", "processing", "claimed (SKIP LOCKED)"),
-    ("processing", "completed", "handler returned"),
-    ("processing", "retrying", "raised, retries left"),
-    ("retrying", "processing", "backoff over, claimed"),
-    ("processing", "failed", "raised, no retries left"),
-    ("processing", "pending", "worker died or stopped:\nrescued / handed back"),
+    Transition("pending", "processing", "claimed (SKIP LOCKED),\ncommitted"),
+    Transition("processing", "completed", "handler returned"),
+    Transition("processing", "retrying", "raised,\nretries left"),
+    Transition("retrying", "processing", "backoff over,\nclaimed"),
+    Transition("processing", "failed", "raised, no retries left"),
+    Transition("processing", "pending", "worker died or stopped:\nrescued / handed back"),
+    Transition("pending", "completed", "quick batch: taken, returned,\none transaction", True),
+    Transition("pending", "failed", "quick batch: raised,\nno retries left", True),
+    Transition("pending", "retrying", "quick batch:\nraised, retries left", True),
+    Transition("retrying", "completed", "quick batch (backoff over)", True),
+    Transition("retrying", "failed", "quick batch:\nno retries left", True),
+    Transition("retrying", "retrying", "quick batch:\nraised again", True),
 )
 
-
-#: Where each transition's label sits, from the middle of its arrow.
-LABEL_OFFSETS = {("pending", "processing"): (0.0, 0.5), ("processing", "pending"): (-0.3, -0.7),
-                 ("processing", "retrying"): (0.9, -0.15),
-                 ("retrying", "processing"): (-0.9, -0.15)}
+#: Where each status sits in the diagram.
+_WHERE = {"pending": (0.0, 1.0), "processing": (3.0, 1.0), "completed": (6.4, 2.1),
+          "failed": (6.4, -0.1), "retrying": (3.0, -1.3)}
+#: How much each arrow bends, and where its label sits (from the middle of the arrow).
+_BENDS = {("retrying", "processing"): -0.35, ("processing", "retrying"): -0.35,
+          ("processing", "pending"): -0.35, ("pending", "processing"): -0.2,
+          ("pending", "completed"): -0.45, ("pending", "failed"): 0.0,
+          ("pending", "retrying"): 0.3, ("retrying", "completed"): 0.35,
+          ("retrying", "failed"): 0.15}
+LABEL_OFFSETS = {("pending", "processing"): (0.0, 0.45), ("processing", "pending"): (-0.1, -0.62),
+                 ("processing", "retrying"): (0.75, 0.0), ("retrying", "processing"): (-0.75, 0.0),
+                 ("processing", "completed"): (-0.2, 0.25), ("processing", "failed"): (0.1, 0.3),
+                 ("pending", "completed"): (0.0, 1.1), ("pending", "failed"): (1.9, -0.78),
+                 ("pending", "retrying"): (-0.75, -0.5), ("retrying", "completed"): (1.45, 0.2),
+                 ("retrying", "failed"): (0.2, -0.45)}
 
 
 def plot_state_machine() -> Figure:
-    """The five statuses and the transitions between them (`TRANSITIONS`)."""
+    """The five statuses and every transition between them (`TRANSITIONS`):
+    solid arrows for claimed jobs, dashed for a claimed job going back,
+    blue dotted ones for quick batches."""
     import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
 
-    where = {"pending": (0.0, 1.0), "processing": (3.0, 1.0), "completed": (6.0, 1.7),
-             "failed": (6.0, 0.3), "retrying": (3.0, -0.6)}
     colors = {"pending": "#dde6f5", "processing": "#fde9c8", "completed": "#d6f0d6",
               "failed": "#f6d2d2", "retrying": "#ece0f5"}
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    for name, (x, y) in where.items():
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    for name, (x, y) in _WHERE.items():
         ax.text(x, y, name, ha="center", va="center", fontsize=11, zorder=3,
                 bbox={"boxstyle": "round,pad=0.5", "fc": colors[name], "ec": "0.4"})
-    bends = {("retrying", "processing"): -0.35, ("processing", "retrying"): -0.35,
-             ("processing", "pending"): -0.35, ("pending", "processing"): -0.2}
-    for src, dst, why in TRANSITIONS:
-        (x1, y1), (x2, y2) = where[src], where[dst]
-        bend = bends.get((src, dst), 0.0)
+    for t in TRANSITIONS:
+        (x1, y1), (x2, y2) = _WHERE[t.src], _WHERE[t.dst]
+        color = "tab:blue" if t.quick else "0.3"
+        style = ":" if t.quick else ("--" if t.dst == "pending" else "-")
+        if t.src == t.dst:  # a quick batch's retry that fails again: a loop under the box
+            ax.add_patch(FancyArrowPatch((x1 + 0.3, y1 - 0.22), (x1 - 0.3, y1 - 0.22),
+                                         connectionstyle="arc3,rad=-1.2", arrowstyle="-|>",
+                                         mutation_scale=12, color=color, linestyle=style))
+            ax.text(x1 - 1.0, y1 - 0.55, t.why, ha="center", va="center", fontsize=8,
+                    color=color)
+            continue
         ax.annotate("", xy=(x2, y2), xytext=(x1, y1),
-                    arrowprops={"arrowstyle": "-|>", "color": "0.3", "shrinkA": 28,
-                                "shrinkB": 28, "connectionstyle": f"arc3,rad={bend}",
-                                "linestyle": "--" if dst == "pending" else "-"})
-        mx, my = (x1 + x2) / 2, (y1 + y2) / 2
-        dx, dy = LABEL_OFFSETS.get((src, dst), (0, 0.2))
-        ax.text(mx + dx, my + dy, why, ha="center", va="center", fontsize=8, color="0.25")
-    ax.set_xlim(-0.8, 6.9)
-    ax.set_ylim(-1.1, 2.2)
+                    arrowprops={"arrowstyle": "-|>", "color": color, "shrinkA": 26,
+                                "shrinkB": 26, "linestyle": style,
+                                "connectionstyle": f"arc3,rad={_BENDS.get((t.src, t.dst), 0.0)}"})
+        if t.why:
+            dx, dy = LABEL_OFFSETS.get((t.src, t.dst), (0, 0.2))
+            ax.text((x1 + x2) / 2 + dx, (y1 + y2) / 2 + dy, t.why, ha="center", va="center",
+                    fontsize=8, color="tab:blue" if t.quick else "0.25")
+    ax.text(6.4, -1.9, "blue, dotted: quick batches (taken, run\nand recorded in one "
+            "transaction:\nnever processing)", ha="center", va="center", fontsize=8,
+            color="tab:blue")
+    ax.set_xlim(-0.8, 7.6)
+    ax.set_ylim(-2.4, 3.7)
     ax.axis("off")
     fig.tight_layout()
     return fig
@@ -422,9 +466,15 @@ def summary_timings(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 # -- real worker processes, by label ---------------------------------------------------
 
-#: The lesson's worker processes: the benchmark handlers, small batches, quiet.
-WORKER_ARGS = ("--import", "jobqueue.benchmarks.handlers", "--batch-size", "10",
+#: The lesson's worker processes: the `slow_write` job, small batches, quiet
+#: (WARNING and above: a rescue, a fencing).
+WORKER_ARGS = ("--import", "jobqueue.lab.slow_jobs", "--batch-size", "10",
                "--log-level", "WARNING")
+#: No quick batches: every batch is claimed (committed as `processing`) before
+#: it runs, so a worker that dies leaves jobs for a standby to put back.
+CLAIM_FIRST = ("--quick-batch", "0")
+#: What a worker logs when it puts back jobs of dead workers (`worker/runner.py`, `upkeep.py`).
+RESCUE_LINE = re.compile(r"returned (\d+) job\(s\) of dead workers to the queue")
 
 
 @dataclass
@@ -515,6 +565,70 @@ class Crew:
         os.kill(self.processes[label].pid, sig)
         at: datetime = await conn.fetchval("SELECT clock_timestamp()")
         return at
+
+    def ids_of(self, label: str) -> list[int]:
+        """Every worker id seen for `label` (one per life)."""
+        return [worker_id for worker_id, seen in self.labels.items() if seen == label]
+
+    async def settled(self, conn: asyncpg.Connection, label: str) -> bool:
+        """True when no backend of worker `label` is running a statement: what
+        a stopped process sent has been done, so its rows hold still."""
+        await self.workers(conn)
+        busy = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+            "AND datname = current_database() "
+            "AND substring(application_name FROM '^jobqueue worker (\\d+) ')::bigint = ANY($1)",
+            self.ids_of(label))
+        return busy == 0
+
+    async def freeze_holding(self, conn: asyncpg.Connection, label: str,
+                             holding: Callable[[], Awaitable[list[uuid.UUID]]],
+                             progress: Callable[[], Awaitable[int]],
+                             timeout: float = 30.0) -> tuple[list[uuid.UUID], datetime]:
+        """Freeze worker `label` (SIGSTOP) at an instant when `holding()`
+        finds jobs, and say which, with the database's clock at the freeze.
+
+        Frozen, the process sends nothing; once its backends have finished
+        what it had sent (`settled`), what it holds cannot change. A freeze
+        that caught it between two batches, holding nothing, is undone
+        (SIGCONT) and tried again after `progress()` (say, completed jobs)
+        has moved on. The process stays frozen: kill it, or leave it hung."""
+        process = self.processes[label]
+        await self.workers(conn)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            process.signal(signal.SIGSTOP)
+            at: datetime = await conn.fetchval("SELECT clock_timestamp()")
+            await wait_for(lambda: self.settled(conn, label), timeout=timeout,
+                           message=f"{label}'s backends idle")
+            held = await holding()
+            if held:
+                return held, at
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise TimeoutError(f"{label} never caught holding jobs within {timeout:g}s")
+            before = await progress()
+            process.signal(signal.SIGCONT)
+
+            async def moved_on(before: int = before) -> bool:
+                return await progress() > before
+
+            await wait_for(moved_on, timeout=left, message=f"{label} working again")
+
+    def rescued_in_log(self, label: str) -> int:
+        """Jobs of dead workers that `label` says it put back (every such line summed)."""
+        return sum(int(m.group(1)) for line in self.log_lines(label)
+                   if (m := RESCUE_LINE.search(line)))
+
+    async def wait_rescued(self, label: str, at_least: int, timeout: float = 30.0) -> int:
+        """Until `label` has logged putting back `at_least` jobs; how many it logged."""
+        return int(await wait_for(
+            lambda: (n := self.rescued_in_log(label)) >= at_least and n,
+            timeout=timeout, message=f"{label} logging {at_least} rescued job(s)"))
+
+    async def stop(self, label: str, timeout: float = 30.0) -> None:
+        """SIGTERM worker `label` and wait until it has exited."""
+        await self.processes[label].stop(timeout)
 
     def log_lines(self, label: str, contains: str = "") -> list[str]:
         """Lines of the worker's log (WARNING and above) that contain `contains`."""
@@ -610,18 +724,49 @@ def plot_completions(done: pd.DataFrame, successor: str, event: str = "SIGKILL",
 async def held_by(conn: asyncpg.Connection, crew: Crew, label: str) -> list[uuid.UUID]:
     """Jobs `processing` under any worker id of `label`: what it had claimed."""
     await crew.workers(conn)
-    ids = [worker_id for worker_id, seen in crew.labels.items() if seen == label]
     rows = await conn.fetch(
-        "SELECT id FROM jobs WHERE status = 'processing' AND worker_id = ANY($1)", ids)
+        "SELECT id FROM jobs WHERE status = 'processing' AND worker_id = ANY($1) ORDER BY id",
+        crew.ids_of(label))
     return [r["id"] for r in rows]
 
 
-async def all_completed_by(conn: asyncpg.Connection, crew: Crew, ids: Sequence[uuid.UUID],
-                           label: str) -> bool:
-    """True when every job of `ids` is completed, by worker `label`."""
-    rows = await conn.fetch("SELECT status, worker_id FROM jobs WHERE id = ANY($1)", list(ids))
-    return len(rows) == len(ids) and all(
-        r["status"] == "completed" and crew.labels.get(r["worker_id"]) == label for r in rows)
+async def locked_waiting(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]
+                         ) -> list[uuid.UUID]:
+    """Jobs of `ids` still waiting (`pending`, `retrying`) that some open
+    transaction holds locked: what a quick batch has taken. Found the way
+    workers pass each other: the rows `FOR UPDATE SKIP LOCKED` skips (the
+    probe's own locks end with its statement)."""
+    rows = await conn.fetch(
+        "WITH free AS (SELECT id FROM jobs WHERE id = ANY($1) "
+        "              AND status IN ('pending', 'retrying') FOR UPDATE SKIP LOCKED) "
+        "SELECT id FROM jobs WHERE id = ANY($1) AND status IN ('pending', 'retrying') "
+        "AND id NOT IN (SELECT id FROM free) ORDER BY id", list(ids))
+    return [r["id"] for r in rows]
+
+
+async def fate(conn: asyncpg.Connection, crew: Crew, ids: Sequence[uuid.UUID]
+               ) -> dict[str, list[Any]]:
+    """What became of the jobs `ids`, as the distinct values they show, so
+    that the same facts print however many jobs there are: their status,
+    `retry_count`, the worker (label) they are under, how many rows each has
+    in `lab_writes` (its committed runs) and the attempts those rows recorded."""
+    await crew.workers(conn)
+    rows = await conn.fetch(
+        "SELECT j.status, j.retry_count, j.worker_id, "
+        "(SELECT count(*) FROM lab_writes AS w WHERE w.job_id = j.id) AS writes, "
+        "ARRAY(SELECT w.attempt FROM lab_writes AS w WHERE w.job_id = j.id) AS attempts "
+        "FROM jobs AS j WHERE j.id = ANY($1)", list(ids))
+    if len(rows) != len(ids):
+        raise LookupError(f"{len(ids) - len(rows)} of the jobs do not exist")
+
+    def worker(worker_id: int | None) -> str:
+        return "nobody" if worker_id is None else crew.labels.get(worker_id, "other")
+
+    return {"status": sorted({r["status"] for r in rows}),
+            "retry_count": sorted({r["retry_count"] for r in rows}),
+            "worker": sorted({worker(r["worker_id"]) for r in rows}),
+            "rows in lab_writes": sorted({r["writes"] for r in rows}),
+            "attempts written": sorted({a for r in rows for a in r["attempts"]})}
 
 
 async def jobs_health(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> dict[str, int]:
@@ -649,3 +794,30 @@ async def wait_completed(conn: asyncpg.Connection, ids: Sequence[uuid.UUID], at_
 
     return int(await wait_for(enough, timeout=timeout,
                               message=f"{at_least} completed jobs"))
+
+
+async def catch_claimed(conn: asyncpg.Connection, crew: Crew, label: str,
+                        ids: Sequence[uuid.UUID]) -> tuple[list[uuid.UUID], datetime]:
+    """Freeze worker `label` while it holds claimed jobs (`processing` under
+    its id); those jobs and the instant of the freeze. It stays frozen."""
+    return await crew.freeze_holding(conn, label, lambda: held_by(conn, crew, label),
+                                     lambda: completed_count(conn, ids))
+
+
+async def catch_quick_batch(conn: asyncpg.Connection, crew: Crew, label: str,
+                            ids: Sequence[uuid.UUID]) -> tuple[list[uuid.UUID], datetime]:
+    """Freeze worker `label` while a quick batch of it holds jobs of `ids`
+    locked (still waiting, never written); those jobs and the instant."""
+    return await crew.freeze_holding(conn, label, lambda: locked_waiting(conn, ids),
+                                     lambda: completed_count(conn, ids))
+
+
+async def wait_released(conn: asyncpg.Connection, ids: Sequence[uuid.UUID],
+                        timeout: float = 30.0) -> None:
+    """Until no open transaction holds any waiting job of `ids` locked."""
+
+    async def released() -> bool:
+        return not await locked_waiting(conn, ids)
+
+    await wait_for(released, timeout=timeout, message="locks released")
+

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import matplotlib
 import pandas as pd
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobqueue import JobRunner, RetryPolicy, enqueue, enqueue_many, handlers
-from jobqueue.lab import tour
+from jobqueue.lab import slow_jobs, tour
+from jobqueue.schema.models import JobStatus
 from jobqueue.testing import drain
+from jobqueue.worker.upkeep import rescue
 
 matplotlib.use("Agg")
 
@@ -22,7 +26,7 @@ NO_WAIT = RetryPolicy(base=0, jitter=0)
 def test_registry_has_the_examples_and_the_lab_handlers() -> None:
     registry = tour.lesson_registry()
     assert list(registry) == ["broken", "flaky", "gated", "generate_report",
-                              "process_payment", "send_email", "verbose"]
+                              "process_payment", "send_email", "slow_write", "verbose"]
     assert "flaky" not in handlers  # the global registry is left alone
 
 
@@ -150,43 +154,116 @@ async def test_summary_counts_leave_timings_out(engine: AsyncEngine, db_url: str
                                                    "run_time_ms"}
 
 
-def test_state_machine_lists_every_status() -> None:
-    statuses = {s for src, dst, _ in tour.TRANSITIONS for s in (src, dst)}
-    assert statuses == {"pending", "processing", "completed", "failed", "retrying"}
+def test_state_machine_lists_every_status_and_both_ways_through() -> None:
+    statuses = {s for t in tour.TRANSITIONS for s in (t.src, t.dst)}
+    assert statuses == set(JobStatus)
+    claimed = {(t.src, t.dst) for t in tour.TRANSITIONS if not t.quick}
+    quick = {(t.src, t.dst) for t in tour.TRANSITIONS if t.quick}
+    # Claimed jobs go through processing; a quick batch takes a waiting job
+    # (`take`: pending or retrying) straight to what `complete` and `fail` write.
+    assert all("processing" in pair for pair in claimed)
+    assert quick == {(src, dst) for src in ("pending", "retrying")
+                     for dst in ("completed", "retrying", "failed")}
+    assert "processing" not in {s for pair in quick for s in pair}
     assert tour.plot_state_machine().axes
 
 
-async def test_crew_takeover_after_sigkill(
-    engine: AsyncEngine, db_url: str, conn, tmp_path: Path
-) -> None:
+@pytest.fixture
+async def crew(db_url: str, conn, tmp_path: Path) -> AsyncIterator[tour.Crew]:
+    """A crew of real worker processes in the test's database (with
+    `lab_writes`), every process ended when the test ends, however it ends."""
+    await slow_jobs.create_tables(conn)
     crew = tour.Crew(db_url, tmp_path)
-    try:
-        crew.start("first")
-        await crew.wait_states(conn, {"first": "active"})
-        crew.start("second")
-        await crew.wait_states(conn, {"first": "active", "second": "standby"})
-        assert await crew.active_lock(conn) == {"holds": ["first"], "waits": ["second"]}
+    yield crew
+    crew.close()
 
-        async with engine.begin() as c:
-            ids = await enqueue_many(c, "sleep", [{"seconds": 0.005}] * 150)
-        assert await tour.wait_completed(conn, ids, at_least=20) >= 20
-        killed_at = await crew.signal(conn, "first", signal.SIGKILL)
-        await crew.wait_states(conn, {"second": "active"})
-        assert (await crew.table(conn)).to_dict("records") == [
-            {"worker": "second", "mode": "exclusive", "state": "active"}]
-        await tour.wait_completed(conn, ids, at_least=150)
-        assert await tour.jobs_health(conn, ids) == {
-            "enqueued": 150, "found": 150, "completed": 150, "processing": 0, "pending": 0,
-            "retrying": 0, "failed": 0}
 
-        done = await tour.completions(conn, crew, killed_at, ids)
-        by = tour.completed_by(done)
-        assert set(by) == {"first", "second"} and sum(by.values()) == 150
-        assert tour.completed_after(done, "first") == 0
-        assert tour.recovery_seconds(done, "second") > 0
-        assert tour.plot_completions(done, "second").axes
-    finally:
-        ended = crew.close()
+async def test_crew_takeover_after_sigkill(engine: AsyncEngine, conn, crew: tour.Crew) -> None:
+    crew.start("first")
+    await crew.wait_states(conn, {"first": "active"})
+    crew.start("second")
+    await crew.wait_states(conn, {"first": "active", "second": "standby"})
+    assert await crew.active_lock(conn) == {"holds": ["first"], "waits": ["second"]}
+
+    async with engine.begin() as c:
+        ids = await enqueue_many(c, "slow_write", [{"seconds": 0.005}] * 150)
+    assert await tour.wait_completed(conn, ids, at_least=20) >= 20
+    killed_at = await crew.signal(conn, "first", signal.SIGKILL)
+    await crew.wait_states(conn, {"second": "active"})
+    assert (await crew.table(conn)).to_dict("records") == [
+        {"worker": "second", "mode": "exclusive", "state": "active"}]
+    await tour.wait_completed(conn, ids, at_least=150)
+    assert await tour.jobs_health(conn, ids) == {
+        "enqueued": 150, "found": 150, "completed": 150, "processing": 0, "pending": 0,
+        "retrying": 0, "failed": 0}
+
+    done = await tour.completions(conn, crew, killed_at, ids)
+    by = tour.completed_by(done)
+    assert set(by) == {"first", "second"} and sum(by.values()) == 150
+    assert tour.completed_after(done, "first") == 0
+    assert tour.recovery_seconds(done, "second") > 0
+    assert tour.plot_completions(done, "second").axes
+    ended = crew.close()
     assert ended == {"first": "had exited (-9)", "second": "killed now"}
     assert crew.close() == {"first": "had exited (-9)", "second": "had exited (-9)"}
+
+
+#: What the jobs a dead worker held show once a standby put them back and ran
+#: them: completed by it, no attempt counted, their database work done once.
+RESCUED_AND_DONE_ONCE = {"status": ["completed"], "retry_count": [0], "worker": ["second"],
+                         "rows in lab_writes": [1], "attempts written": [1]}
+
+
+@pytest.mark.parametrize("death", ["killed", "hung"])
+async def test_a_dead_worker_s_claimed_jobs_are_put_back_and_done_once(
+    engine: AsyncEngine, conn, crew: tour.Crew, death: str
+) -> None:
+    """first (claiming every batch) is frozen while it holds claimed jobs,
+    then killed (SIGKILL) or left hung until second's lease fences it."""
+    crew.start("first", *tour.CLAIM_FIRST)
+    await crew.wait_states(conn, {"first": "active"})
+    crew.start("second", *tour.CLAIM_FIRST, "--lease", "1.5")
+    await crew.wait_states(conn, {"first": "active", "second": "standby"})
+    async with engine.begin() as c:
+        ids = await enqueue_many(c, "slow_write", [{"seconds": 0.005}] * 200)
+    await tour.wait_completed(conn, ids, at_least=20)
+    held, _ = await tour.catch_claimed(conn, crew, "first", ids)
+    assert held, "there must be something to rescue"
+    assert await tour.fate(conn, crew, held) == {
+        "status": ["processing"], "retry_count": [0], "worker": ["first"],
+        "rows in lab_writes": [0], "attempts written": []}
+
+    if death == "killed":
+        await crew.signal(conn, "first", signal.SIGKILL)
+    await crew.wait_states(conn, {"second": "active"})
+    assert bool(crew.log_lines("second", "fenced off worker")) == (death == "hung")
+    assert await crew.wait_rescued("second", len(held)) == len(held)
+    await tour.wait_completed(conn, ids, at_least=200)
+    assert await tour.fate(conn, crew, held) == RESCUED_AND_DONE_ONCE
+    assert (await tour.fate(conn, crew, ids))["rows in lab_writes"] == [1]
+    ended = crew.close()
+    assert ended == {"first": "had exited (-9)" if death == "killed" else "killed now",
+                     "second": "killed now"}
+
+
+async def test_a_killed_quick_batch_leaves_nothing_to_put_back(
+    engine: AsyncEngine, db_url: str, conn, crew: tour.Crew
+) -> None:
+    crew.start("first")  # quick batches, the default
+    await crew.wait_states(conn, {"first": "active"})
+    async with engine.begin() as c:
+        ids = await enqueue_many(c, "slow_write", [{"seconds": 0.005}] * 300)
+    await tour.wait_completed(conn, ids, at_least=30)
+    taken, _ = await tour.catch_quick_batch(conn, crew, "first", ids)
+    assert taken, "the freeze must catch a quick batch under way"
+    assert await tour.held_by(conn, crew, "first") == []
+    await crew.signal(conn, "first", signal.SIGKILL)
+    await tour.wait_released(conn, ids)
+    assert await rescue(conn) == 0
+    assert await tour.fate(conn, crew, taken) == {
+        "status": ["pending"], "retry_count": [0], "worker": ["nobody"],
+        "rows in lab_writes": [0], "attempts written": []}
+    await drain(db_url, registry=tour.lesson_registry())
+    done = await tour.fate(conn, crew, ids)
+    assert done["status"] == ["completed"] and done["rows in lab_writes"] == [1]
 
