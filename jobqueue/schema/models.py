@@ -36,7 +36,9 @@ class JobStatus(enum.StrEnum):
     """The five states of a job.
 
     pending -> processing -> completed, or -> retrying -> processing -> ...,
-    or -> failed once its retries are spent.
+    or -> failed once its retries are spent. A job run in a quick batch skips
+    `processing`: it is only locked while it runs, and goes from pending (or
+    retrying) straight to its outcome in the transaction that ran it.
     """
 
     PENDING = "pending"
