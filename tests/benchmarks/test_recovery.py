@@ -94,7 +94,7 @@ def _trials(**changes: object) -> pd.DataFrame:
 
 def test_the_sentences_follow_the_trials() -> None:
     good = plots.recovery_findings(_trials())
-    assert "held 10–20 `processing` jobs" in good["rescue"]
+    assert "`--quick-batch 0`: 10–20 in each of 2 trials" in good["rescue"]
     assert "Each of the 30 held jobs was completed by the standby exactly once" in good["rescue"]
     assert "0.080 s" in good["crash"] and "2.10 s (1 trial)" in good["hang"]
     assert "1 of 1 hang trials lie within the lease" in good["hang"]
