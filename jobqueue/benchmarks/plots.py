@@ -189,46 +189,251 @@ def latency_histogram(samples: pd.DataFrame) -> plt.Figure:
 # -- recovery -----------------------------------------------------------------------
 
 
+#: What tells one recovery setup from another in a results file: the path
+#: read from the workers' argv, the flags shown, and how long each job ran.
+RECOVERY_KEYS = ["path", "flags", "job_ms"]
+
+
+def recovery_setups(times: pd.DataFrame) -> list[tuple[tuple[Any, ...], str]]:
+    """Each setup of a run (in the order it ran) with its label: the path,
+    the job length, and the flags that set it apart from the other setups
+    (the flags all share are said once, by `recovery_common_flags`)."""
+    keys = list(dict.fromkeys(times[RECOVERY_KEYS].itertuples(index=False, name=None)))
+    common = set(_flag_pairs(recovery_common_flags(times)))
+    out = []
+    for path, flags, job_ms in keys:
+        own = [f"{f} {v}".strip() for f, v in _flag_pairs(flags) if (f, v) not in common]
+        extra = f", `{' '.join(own)}`" if own else ""
+        out.append(((path, flags, job_ms), f"{path}, {job_ms:g} ms jobs{extra}"))
+    return out
+
+
+def recovery_common_flags(times: pd.DataFrame, column: str = "flags") -> str:
+    """The flags every setup of a run gave its workers (`column` "argv": with
+    the ones tables leave out, `--import` and `--log-level`)."""
+    pairs = [_flag_pairs(f) for f in dict.fromkeys(times[column])]
+    common = [p for p in pairs[0] if all(p in other for other in pairs[1:])]
+    return " ".join(f"{f} {v}".strip() for f, v in common)
+
+
+def _flag_pairs(flags: str) -> list[tuple[str, str]]:
+    words = shlex.split(flags)
+    pairs = []
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else ""
+            pairs.append((word, value))
+    return pairs
+
+
+def _recovery_groups(times: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """(setup label, signal, its trials) in the order they ran."""
+    groups = []
+    for key, label in recovery_setups(times):
+        of_setup = times[(times[RECOVERY_KEYS] == pd.Series(key, index=RECOVERY_KEYS)).all(axis=1)]
+        for name in dict.fromkeys(of_setup["signal"]):
+            groups.append((label, name, of_setup[of_setup["signal"] == name]))
+    return groups
+
+
 def recovery_table(df: pd.DataFrame) -> pd.DataFrame:
-    s = spread(df, ["signal", "lease"], "seconds")
-    return s.rename(columns={"median": "median (s)", "min": "min (s)", "max": "max (s)",
-                             "lease": "lease (s)", "runs": "trials"})
+    """A row per setup and signal: recovery times, what the dead worker held
+    at the signal, and whether each held job completed exactly once."""
+    rows = []
+    for label, name, g in _recovery_groups(df):
+        done = g["held_done_s"].dropna()
+        rows.append({
+            "setup": label, "signal": name, "trials": len(g),
+            "median (s)": g["seconds"].median(), "min (s)": g["seconds"].min(),
+            "max (s)": g["seconds"].max(),
+            "first job started, median (s)": g["started_s"].median(),
+            "held at the signal": _span(g["held_processing"]),
+            "last held job done, median (s)": f"{done.median():.3f}" if len(done) else "–",
+            "held jobs completed once": f"{int(g['held_completed_once'].sum())} of "
+                                        f"{int(g['held_processing'].sum())}",
+            "jobs not run exactly once": int(g["completed_not_once"].sum())})
+    return pd.DataFrame(rows)
+
+
+def _span(values: pd.Series) -> str:
+    lo, hi = int(values.min()), int(values.max())
+    return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
+
+def _plain(label: str) -> str:
+    """A label for a figure: without the Markdown backticks."""
+    return label.replace("`", "")
+
+
+def _median_trial(trials: pd.DataFrame) -> Any:
+    return trials.sort_values("seconds").iloc[len(trials) // 2]["trial"]
 
 
 def recovery_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.Figure:
-    """For each signal, the trial with the median recovery: completions per
-    100 ms by worker, the signal at t = 0."""
+    """A row per setup, a column per signal: the trial with the median
+    recovery, completions per 100 ms by worker, the signal at t = 0."""
+    setups = recovery_setups(times)
     signals = list(dict.fromkeys(times["signal"]))
-    fig, axes = plt.subplots(len(signals), 1, figsize=(7, 2.6 * len(signals)), squeeze=False)
-    for ax, name in zip(axes[:, 0], signals, strict=True):
-        trials = times[times["signal"] == name].sort_values("seconds")
-        median_trial = trials.iloc[len(trials) // 2]["trial"]
-        g = timeline[(timeline["signal"] == name) & (timeline["trial"] == median_trial)]
-        for worker, color in (("first", "tab:blue"), ("second", "tab:orange")):
-            w = g[g["worker"] == worker]
-            ax.bar(w["t"] + 0.05, w["jobs"], width=0.1, color=color,
-                   label=f"{worker} worker ({'active' if worker == 'first' else 'standby'})")
-        ax.axvline(0, color="black", linestyle="--", linewidth=1)
-        ax.set_title(f"{name}: jobs completed per 100 ms (signal at 0 s)")
-        ax.set_xlabel("seconds from the signal")
-        ax.set_ylabel("jobs")
-        ax.legend(fontsize=8)
+    fig, axes = plt.subplots(len(setups), len(signals), figsize=(5.2 * len(signals),
+                                                                 2.5 * len(setups)),
+                             squeeze=False)
+    for row, (_, label) in enumerate(setups):
+        for col, name in enumerate(signals):
+            ax = axes[row, col]
+            match = [g for lab, sig, g in _recovery_groups(times) if lab == label and sig == name]
+            if not match:
+                ax.set_visible(False)
+                continue
+            trials = match[0]
+            setup, trial = trials["setup"].iloc[0], _median_trial(trials)
+            g = timeline[(timeline["setup"] == setup) & (timeline["signal"] == name)
+                         & (timeline["trial"] == trial)]
+            for worker, color in (("first", "tab:blue"), ("second", "tab:orange")):
+                w = g[g["worker"] == worker]
+                ax.bar(w["t"] + 0.05, w["jobs"], width=0.1, color=color,
+                       label=f"{worker} worker ({'active' if worker == 'first' else 'standby'})")
+            ax.axvline(0, color="black", linestyle="--", linewidth=1)
+            held = int(trials.loc[trials["trial"] == trial, "held_processing"].iloc[0])
+            ax.set_title(f"{name}: {_plain(label)}\n(held {held} processing; signal at 0 s)",
+                         fontsize=8)
+            ax.set_xlabel("seconds from the signal", fontsize=8)
+            ax.set_ylabel("jobs per 100 ms", fontsize=8)
+            ax.legend(fontsize=7)
+    fig.suptitle(f"all workers: {recovery_common_flags(times)}", fontsize=9)
     fig.tight_layout()
     return fig
 
 
 def recovery_times_plot(times: pd.DataFrame) -> plt.Figure:
+    """A panel per signal, a box per setup: every trial's recovery."""
     signals = list(dict.fromkeys(times["signal"]))
-    fig, axes = plt.subplots(1, len(signals), figsize=(3.2 * len(signals), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(signals), figsize=(4.6 * len(signals), 4), squeeze=False)
     for ax, name in zip(axes[0], signals, strict=True):
-        values = times[times["signal"] == name]["seconds"]
-        ax.plot([1] * len(values), values, "o", alpha=0.6)
-        ax.boxplot(values, widths=0.4)
-        ax.set_xticks([])
+        groups = [(label, g) for label, sig, g in _recovery_groups(times) if sig == name]
+        for x, (_, g) in enumerate(groups, start=1):
+            ax.plot([x] * len(g), g["seconds"], "o", alpha=0.6)
+        ax.boxplot([g["seconds"] for _, g in groups], widths=0.4)
+        ax.set_xticks(range(1, len(groups) + 1),
+                      [_plain(label).replace(", ", "\n") for label, _ in groups], fontsize=7)
         ax.set_title(name)
-        ax.set_ylabel("recovery (s)")
+        ax.set_ylabel("signal → standby's first completion (s)")
+    fig.suptitle(f"all workers: {recovery_common_flags(times)}", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def recovery_findings(times: pd.DataFrame) -> dict[str, str]:
+    """What the notebook and BENCHMARKS.md say about the recovery figures,
+    every number computed from the trials: "crash", "hang", "rescue" and
+    "left_processing" (empty when the run had no such trials)."""
+    from jobqueue.worker.config import WorkerConfig
+
+    groups = _recovery_groups(times)
+
+    def each(name: str, digits: int) -> str:
+        return "; ".join(f"{label}: {_seconds(g['seconds'], digits)}"
+                         for label, sig, g in groups if sig == name)
+
+    out = {"crash": "", "hang": "", "rescue": "", "left_processing": ""}
+    crash = times[times["signal"] == "SIGKILL"]
+    if len(crash):
+        lease = float(crash["lease"].max())
+        worst = float(crash["seconds"].max())
+        out["crash"] = (
+            f"After a crash (SIGKILL) the standby completed its first job, median (range): "
+            f"{each('SIGKILL', 3)}. It started that job a median "
+            f"{crash['started_s'].median():.3f} s after the signal (all setups, "
+            f"{crash['started_s'].min():.3f}–{crash['started_s'].max():.3f} s): that is the "
+            "takeover; the rest is its first batch running. The slowest crash was recovered in "
+            f"{worst:.3f} s, "
+            f"{lease / worst:,.0f}× less than the {lease:g} s lease: the dead worker's "
+            "connections close, its advisory locks go with them, and the standby, blocked in "
+            "`pg_advisory_lock`, is granted the lock at once.")
+    hang = times[times["signal"] == "SIGSTOP"]
+    if len(hang):
+        lease = float(hang["lease"].iloc[0])
+        tick = WorkerConfig(lease=lease).tick
+        within = hang["seconds"].between(lease - tick, lease + tick).sum()
+        out["hang"] = (
+            f"After a hang (SIGSTOP), with a {lease:g} s lease (the default is "
+            f"{WorkerConfig().lease:g} s): {each('SIGSTOP', 2)}. {within} of {len(hang)} hang "
+            f"trials lie within the lease ± one heartbeat tick ({tick:g} s): the frozen "
+            "worker's connections stay open, so nothing happens until its last heartbeat (up to "
+            "a tick before the freeze) is older than the lease; the standby, checking once a "
+            "tick, then fences it off (terminates its backends) and takes over.")
+    claimed = times[times["path"] == "claimed"]
+    quick = times[times["path"] != "claimed"]
+    if len(claimed):
+        out["rescue"] = _rescue_sentence(claimed, quick)
+    out["left_processing"] = _left_processing_sentence(claimed, quick)
+    return out
+
+
+def _seconds(values: pd.Series, digits: int) -> str:
+    """A median with its range and count: "0.061 s (0.044–0.088 s, 10 trials)"."""
+    if len(values) == 1:
+        return f"{values.iloc[0]:.{digits}f} s (1 trial)"
+    return (f"{values.median():.{digits}f} s ({values.min():.{digits}f}–"
+            f"{values.max():.{digits}f} s, {len(values)} trials)")
+
+
+def _rescue_sentence(claimed: pd.DataFrame, quick: pd.DataFrame) -> str:
+    held = int(claimed["held_processing"].sum())
+    once = int(claimed["held_completed_once"].sum())
+    wrong = int(claimed["completed_not_once"].sum())
+    setups = []
+    # Labelled as among every setup of the run (the flags that set each apart).
+    for key, label in recovery_setups(pd.concat([claimed, quick])):
+        g = claimed[(claimed[RECOVERY_KEYS] == pd.Series(key, index=RECOVERY_KEYS)).all(axis=1)]
+        if not len(g):
+            continue
+        done = [f"{g.loc[g['signal'] == name, 'held_done_s'].median():.3f} s after a {what}"
+                for name, what in (("SIGKILL", "crash"), ("SIGSTOP", "hang"))
+                if (g["signal"] == name).any()]
+        setups.append(f"{label.removeprefix('claimed, ')}: {_span(g['held_processing'])} in "
+                      f"each of {len(g)} trials, the last of them completed by the standby a "
+                      f"median {' and '.join(done)}")
+    text = ("On the claimed path the dead worker held `processing` jobs at every signal (read "
+            "from the database while it was frozen). " + "; ".join(setups) + ". ")
+    if once == held and wrong == 0:
+        text += (f"Each of the {held} held jobs was completed by the standby exactly once (its "
+                 "handler writes a row per run, in the job's transaction), and none of the "
+                 f"{int(claimed['completed'].sum()):,} jobs completed in these trials ran twice.")
+    else:
+        text += (f"Only {once} of the {held} held jobs were completed by the standby exactly once, "
+                 f"and {wrong} completed jobs did not run exactly once.")
+    if len(quick):
+        most = int(quick["held_processing"].max())
+        text += (" On the quick path the dead worker held "
+                 + ("no `processing` job: its batch was locked inside a transaction that died "
+                    "with it, so there was nothing to put back." if most == 0 else
+                    f"up to {most} `processing` job(s) (a lane claims when jobs run slower "
+                    "than the quick threshold)."))
+    return text
+
+
+def _left_processing_sentence(claimed: pd.DataFrame, quick: pd.DataFrame) -> str:
+    text = ("`left_processing` counts the dead worker's jobs still `processing` when the "
+            "standby completed its first job. ")
+    if not len(claimed):
+        return text + (f"Only quick-path trials ran here, where the dead worker held "
+                       f"{int(quick['held_processing'].max())} at most: a 0 says nothing.")
+    left = int(claimed["left_processing"].max())
+    if left == 0:
+        text += (f"It is 0 in each of the {len(claimed)} claimed-path trials, where the dead "
+                 f"worker had held {_span(claimed['held_processing'])} at the signal: the standby "
+                 "puts a dead worker's jobs back as it takes over, before its first job.")
+    else:
+        text += (f"It is up to {left} in the claimed-path trials, where the dead worker had held "
+                 f"{_span(claimed['held_processing'])} at the signal: some were not yet back in "
+                 "the queue when the standby completed its first job.")
+    if len(quick):
+        most = int(quick["held_processing"].max())
+        text += (" On the quick path nothing was `processing` at the signal, so its "
+                 f"{int(quick['left_processing'].max())} there shows no rescue." if most == 0 else
+                 f" On the quick path the dead worker held up to {most} at the signal and left "
+                 f"up to {int(quick['left_processing'].max())}.")
+    return text
 
 
 # -- beside the peers -----------------------------------------------------------------

@@ -1,12 +1,23 @@
 """Dead-worker recovery, measured: `python -m jobqueue.benchmarks.recovery`.
 
 A trial: an active worker and a standby (real processes) work through a
-stream of short jobs; the active one receives SIGKILL (a crash) or SIGSTOP (a
-hang: its connections stay open). The recovery time is from the signal to the
+stream of jobs; the active one receives SIGKILL (a crash) or SIGSTOP (a hang:
+its connections stay open). The recovery time is from the signal to the
 first job the standby completes, both read on the database's clock. After a
 crash, PostgreSQL sees the connection close at once and the standby's blocked
 `pg_advisory_lock` returns; after a hang, nothing happens until the worker's
 heartbeat is older than the lease and a standby fences it off.
+
+The active worker holds its jobs one of two ways when the signal comes
+(`SETUPS`): fast jobs in *quick batches* (locked inside a transaction that
+dies with the worker: nothing to put back), or *claimed* (`--quick-batch 0`,
+or jobs slower than the quick threshold): committed as `processing` with the
+worker's id, so the standby must find them and put them back (the rescue
+path). A rescue-path trial first catches the worker holding claimed jobs and
+reads them from the database while it is frozen (`held_processing`), then
+times how long until the standby has completed every one of them, and checks
+from a table the handler writes (a row per run that committed) that each ran
+exactly once.
 """
 
 from __future__ import annotations
@@ -16,13 +27,18 @@ import asyncio
 import csv
 import logging
 import os
+import shlex
 import signal
 import statistics
 import tempfile
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import asyncpg
 
 from jobqueue import db, embedded
 from jobqueue.benchmarks.quick import (
@@ -33,12 +49,148 @@ from jobqueue.benchmarks.quick import (
     results_dir,
     server_info,
 )
-from jobqueue.testing import WorkerProcess, in_state, wait_for, worker_state
+from jobqueue.benchmarks.recovery_runs import RUNS_TABLE
+from jobqueue.testing import WorkerProcess, wait_for, worker_state
 
 logger = logging.getLogger(__name__)
 
 RECOVERY_DATABASE = "jobqueue_bench_recovery"
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
+#: Seconds of the standby's work a trial's timeline shows after its first completion.
+TIMELINE_AFTER = 0.5
+#: What the workers import: the `recovery_run` handler.
+HANDLER_MODULE = "jobqueue.benchmarks.recovery_runs"
+
+@dataclass(frozen=True)
+class Setup:
+    """How the active worker holds its jobs when the signal comes: its extra
+    flags and how long each job runs."""
+
+    flags: tuple[str, ...]
+    job_seconds: float
+
+
+#: quick: the default for fast jobs (5 ms jobs in quick batches); claimed:
+#: the same jobs with quick batches off; slow: jobs slower than the default
+#: quick threshold (50 ms), which a worker claims one at a time per lane.
+SETUPS = {"quick": Setup((), 0.005), "claimed": Setup(("--quick-batch", "0"), 0.005),
+          "slow": Setup((), 0.1)}
+
+
+def worker_argv(lease: float, batch_size: int, flags: Sequence[str] = ()) -> list[str]:
+    """The command line both workers of a trial get (after `jobqueue worker`)."""
+    return ["--import", HANDLER_MODULE, "--batch-size", str(batch_size), "--lease", f"{lease:g}",
+            "--log-level", "WARNING", *flags]
+
+
+def path_of(argv: Sequence[str], job_seconds: float) -> str:
+    """The way a worker given `argv` holds jobs of `job_seconds`, read from
+    its own options: "quick batches" or "claimed"."""
+    from jobqueue.benchmarks.scenarios import worker_options
+
+    quick = worker_options(argv).quick_batch
+    return "quick batches" if 0 < quick and job_seconds < quick else "claimed"
+
+
+def shown_flags(argv: Sequence[str]) -> str:
+    """`argv` as a table shows it: without `--import MODULE` and the log level."""
+    hidden = {"--import", "--log-level"}
+    kept = [a for i, a in enumerate(argv)
+            if a not in hidden and (i == 0 or argv[i - 1] not in hidden)]
+    return shlex.join(kept)
+
+
+def setups_table(names: Sequence[str], lease: float, batch_size: int = 10) -> Any:
+    """What each setup will run, as a DataFrame: the path its workers' own
+    options give, the job length and the command line."""
+    import pandas as pd
+
+    rows = []
+    for name in names:
+        setup = SETUPS[name]
+        argv = worker_argv(lease, batch_size, setup.flags)
+        rows.append({"setup": name, "path": path_of(argv, setup.job_seconds),
+                     "job (ms)": setup.job_seconds * 1000,
+                     "command": "jobqueue worker " + shlex.join(argv)})
+    return pd.DataFrame(rows)
+
+
+_HELD = ("SELECT id FROM jobs WHERE status = 'processing' AND worker_id = $1")
+#: Is any of the worker's connections in the middle of a statement? Once none
+#: is, a frozen worker can change nothing more in the database.
+_QUIET = ("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE state = 'active'"
+          " AND datname = current_database()"
+          " AND application_name LIKE 'jobqueue worker ' || $1::integer || ' %')")
+
+
+async def _freeze(conn: asyncpg.Connection, worker: WorkerProcess, worker_id: int,
+                  rescue: bool, attempts: int = 50) -> tuple[list[uuid.UUID], datetime]:
+    """SIGSTOP the worker (on the rescue path, at an instant it holds claimed
+    jobs) and wait until none of its connections is in the middle of a
+    statement: from then on the database holds what it held when it stopped.
+    Returns those jobs and when it was stopped (database clock). On the
+    rescue path a freeze that caught it holding nothing (it completed them
+    in between) is undone with SIGCONT and tried again."""
+    for _ in range(attempts):
+        if rescue:
+            await wait_for(lambda: conn.fetchval(_HELD + " LIMIT 1", worker_id), timeout=30,
+                           interval=0.002, message="the active worker to hold a claimed job")
+        worker.signal(signal.SIGSTOP)
+        stopped = await conn.fetchval("SELECT clock_timestamp()")
+        await wait_for(lambda: conn.fetchval(_QUIET, worker_id), timeout=10,
+                       interval=0.002, message="the frozen worker's statements to end")
+        held = [r["id"] for r in await conn.fetch(_HELD, worker_id)]
+        if held or not rescue:
+            return held, stopped
+        worker.signal(signal.SIGCONT)
+    raise RuntimeError(f"the active worker held no claimed job in {attempts} freezes")
+
+
+_RUNS = """
+    SELECT (SELECT count(*) FROM jobs AS j
+             WHERE j.id = ANY($1::uuid[]) AND j.status = 'completed' AND j.worker_id = $2
+               AND (SELECT count(*) FROM recovery_runs AS r WHERE r.job_id = j.id) = 1
+           ) AS held_completed_once,
+           (SELECT count(*) FROM jobs WHERE status = 'completed') AS completed,
+           (SELECT count(*) FROM jobs AS j WHERE j.status = 'completed'
+               AND (SELECT count(*) FROM recovery_runs AS r WHERE r.job_id = j.id) <> 1
+           ) AS completed_not_once,
+           (SELECT count(*) FROM (SELECT job_id FROM recovery_runs GROUP BY job_id
+                                  HAVING count(*) > 1) AS twice) AS ran_twice"""
+
+
+async def run_counts(conn: asyncpg.Connection, held: Sequence[uuid.UUID], standby_id: int
+                     ) -> asyncpg.Record:
+    """How the jobs ran, from the rows `recovery_run` wrote: of `held`, how
+    many the standby completed with exactly one run (`held_completed_once`);
+    of every completed job (`completed`), how many did not run exactly once
+    (`completed_not_once`); how many jobs ran more than once (`ran_twice`)."""
+    return await conn.fetchrow(_RUNS, list(held), standby_id)
+
+
+async def _start_pair(url: str, conn: asyncpg.Connection, args: Sequence[str], log_dir: Path
+                      ) -> tuple[list[WorkerProcess], WorkerProcess, int, int]:
+    """Two workers started at once (their imports overlap); once one is
+    active and the other stands by: both, the active one, and each one's id."""
+    workers = [WorkerProcess(url, log_dir / f"worker-{n}.log", *args) for n in (1, 2)]
+
+    async def roles() -> dict[str, tuple[WorkerProcess, int]] | None:
+        states = {}
+        for w in workers:
+            row = await worker_state(conn, w)
+            if row is None:
+                return None
+            states[row["state"]] = (w, row["id"])
+        return states if set(states) == {"active", "standby"} else None
+
+    try:
+        found = await wait_for(roles, timeout=60, message="one worker active, one standing by")
+    except BaseException:
+        for w in workers:
+            w.close()
+        raise
+    (active, active_id), (_, standby_id) = found["active"], found["standby"]
+    return workers, active, active_id, standby_id
 
 
 async def recovery_trial(
@@ -49,67 +201,102 @@ async def recovery_trial(
     jobs: int = 3000,
     job_seconds: float = 0.005,
     batch_size: int = 10,
+    flags: Sequence[str] = (),
     log_dir: Path | None = None,
     keep_timeline: bool = False,
 ) -> dict[str, Any]:
-    """One crash (or hang) of the active worker under load; seconds to recover.
+    """One crash (or hang) of the active worker under load; seconds to recover
+    (`seconds`: to the standby's first completion; `started_s`: to the start
+    of its first job, the rest being that job's batch).
+
+    `path` ("quick batches" or "claimed") is read from the workers' argv and
+    `job_seconds`; on the claimed path the signal comes while the active
+    worker holds claimed jobs (RuntimeError if it never does), and the row
+    says how many (`held_processing`), how long until the standby had
+    completed the last of them (`held_done_s`), how many of them it completed
+    exactly once (`held_completed_once`), and how many of all completed jobs
+    did not run exactly once (`completed_not_once`).
 
     keep_timeline: also return completions per 100 ms by worker ("first" was
-    active, "second" stood by) from 1 s before the signal to 1 s after the
-    standby's first completion."""
+    active, "second" stood by) from 1 s before the signal to TIMELINE_AFTER
+    seconds after the standby's first completion."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-recovery-"))
-    args = ("--import", "jobqueue.benchmarks.handlers", "--batch-size", str(batch_size),
-            "--lease", str(lease), "--log-level", "WARNING")
+    args = worker_argv(lease, batch_size, flags)
+    path = path_of(args, job_seconds)
     conn = await db.connect(url, application_name="jobqueue recovery")
     workers: list[WorkerProcess] = []
     try:
-        await conn.execute("TRUNCATE jobs; DELETE FROM jobqueue_workers")
-        active = WorkerProcess(url, log_dir / "active.log", *args)
-        workers.append(active)
-        await wait_for(lambda: in_state(conn, active, "active"), timeout=30,
-                       message="the first worker to be active")
-        standby = WorkerProcess(url, log_dir / "standby.log", *args)
-        workers.append(standby)
-        await wait_for(lambda: in_state(conn, standby, "standby"), timeout=30,
-                       message="the second worker to stand by")
-        standby_id = (await worker_state(conn, standby))["id"]  # type: ignore[index]
+        await conn.execute(RUNS_TABLE)
+        await conn.execute("TRUNCATE jobs, recovery_runs; DELETE FROM jobqueue_workers")
+        workers, active, active_id, standby_id = await _start_pair(url, conn, args, log_dir)
+        # Due one after another, as a stream's jobs are (one statement would
+        # give them all the same run_at, and a job put back could then be
+        # taken after every other instead of first).
         await conn.execute(
-            "INSERT INTO jobs (job_type, payload) SELECT 'sleep', jsonb_build_object("
-            "'seconds', $1::float8) FROM generate_series(1, $2)", job_seconds, jobs)
+            "INSERT INTO jobs (job_type, payload, run_at) SELECT 'recovery_run',"
+            " jsonb_build_object('seconds', $1::float8), clock_timestamp()"
+            " FROM generate_series(1, $2)", job_seconds, jobs)
+        # 20 jobs, or 0.2 s worth: past each lane's first job, which it
+        # claims whatever the path (to learn how long jobs take).
+        under_way = max(2, min(20, int(0.2 / job_seconds), jobs // 10))
         await wait_for(
-            lambda: conn.fetchval("SELECT count(*) >= 20 FROM jobs WHERE status = 'completed'"),
+            lambda: conn.fetchval("SELECT count(*) >= $1 FROM jobs WHERE status = 'completed'",
+                                  under_way),
             timeout=30, message="work under way")
 
-        os.kill(active.pid, sig)
-        signalled = await conn.fetchval("SELECT clock_timestamp()")
+        held, signalled = await _freeze(conn, active, active_id, rescue=path == "claimed")
+        if sig != signal.SIGSTOP:
+            active.signal(sig)
+            signalled = await conn.fetchval("SELECT clock_timestamp()")
         first = await wait_for(
             lambda: conn.fetchval(
                 "SELECT min(completed_at) FROM jobs WHERE worker_id = $1 AND completed_at > $2",
                 standby_id, signalled),
             timeout=lease + 30, interval=0.01, message="the standby's first completion")
+        started = await conn.fetchval(
+            "SELECT min(started_at) FROM jobs WHERE worker_id = $1 AND started_at > $2",
+            standby_id, signalled)
         in_flight = await conn.fetchval(
             "SELECT count(*) FROM jobs WHERE status = 'processing' AND worker_id <> $1",
             standby_id)
+        held_done = await wait_for(
+            lambda: conn.fetchval(
+                "SELECT max(completed_at) FROM jobs WHERE id = ANY($1::uuid[])"
+                " HAVING count(*) FILTER (WHERE status = 'completed') = $2", held, len(held)),
+            timeout=lease + 30, interval=0.01, message="every held job completed") if held else None
+        runs = await run_counts(conn, held, standby_id)
         result: dict[str, Any] = {
+            "path": path, "flags": shown_flags(args), "job_ms": job_seconds * 1000,
             "signal": sig.name, "seconds": (first - signalled).total_seconds(),
-            "lease": lease, "batch_size": batch_size, "left_processing": in_flight}
+            "started_s": (started - signalled).total_seconds(),
+            "lease": lease, "batch_size": batch_size, "held_processing": len(held),
+            "held_done_s": (held_done - signalled).total_seconds() if held_done else None,
+            "held_completed_once": runs["held_completed_once"],
+            "left_processing": in_flight, "completed": runs["completed"],
+            "completed_not_once": runs["completed_not_once"], "ran_twice": runs["ran_twice"],
+            "argv": shlex.join(args)}
         if keep_timeline:
-            await wait_for(lambda: conn.fetchval(
-                "SELECT clock_timestamp() > $1::timestamptz + interval '1 second'", first),
-                timeout=10, interval=0.05, message="a second of work after recovery")
-            rows = await conn.fetch(
-                "SELECT CASE WHEN worker_id = $1 THEN 'second' ELSE 'first' END AS worker,"
-                " CAST(floor(extract(epoch FROM completed_at - $2) * 10) / 10 AS float8) AS t,"
-                " count(*) AS jobs FROM jobs"
-                " WHERE completed_at BETWEEN $2::timestamptz - interval '1 second'"
-                " AND $3::timestamptz + interval '1 second'"
-                " GROUP BY 1, 2 ORDER BY 2, 1", standby_id, signalled, first)
-            result["timeline"] = [dict(r) for r in rows]
+            result["timeline"] = await _timeline(conn, standby_id, signalled, first)
         return result
     finally:
         for w in workers:
             w.close()
         await conn.close()
+
+
+async def _timeline(conn: asyncpg.Connection, standby_id: int, signalled: datetime,
+                    first: datetime) -> list[dict[str, Any]]:
+    await wait_for(lambda: conn.fetchval(
+        "SELECT clock_timestamp() > $1::timestamptz + make_interval(secs => $2)", first,
+        TIMELINE_AFTER), timeout=10, interval=0.05, message="some work after recovery")
+    rows = await conn.fetch(
+        "SELECT CASE WHEN worker_id = $1 THEN 'second' ELSE 'first' END AS worker,"
+        " CAST(floor(extract(epoch FROM completed_at - $2) * 10) / 10 AS float8) AS t,"
+        " count(*) AS jobs FROM jobs"
+        " WHERE completed_at BETWEEN $2::timestamptz - interval '1 second'"
+        " AND $3::timestamptz + make_interval(secs => $4)"
+        " GROUP BY 1, 2 ORDER BY 2, 1", standby_id, signalled, first, TIMELINE_AFTER)
+    return [dict(r) for r in rows]
 
 
 async def measure_recovery(url: str, sig: signal.Signals, trials: int, **options: Any
@@ -118,30 +305,40 @@ async def measure_recovery(url: str, sig: signal.Signals, trials: int, **options
     results = []
     for n in range(trials):
         result = await recovery_trial(url, sig, **options)
-        logger.info("%s trial %d: %.3fs", sig.name, n + 1, result["seconds"])
+        logger.info("%s, %s trial %d: %.3fs (held %d)", result["path"], sig.name, n + 1,
+                    result["seconds"], result["held_processing"])
         results.append({"trial": n + 1, **result})
     return results
 
 
 def summary_table(results: Sequence[dict[str, Any]]) -> str:
-    lines = ["| signal | trials | median (s) | min (s) | max (s) | lease (s) |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for name in SIGNALS:
-        seconds = [r["seconds"] for r in results if r["signal"] == name]
-        if seconds:
-            lease = next(r["lease"] for r in results if r["signal"] == name)
-            lines.append(f"| {name} | {len(seconds)} | {statistics.median(seconds):.3f} "
-                         f"| {min(seconds):.3f} | {max(seconds):.3f} | {lease:g} |")
+    lines = ["| path | flags | job (ms) | signal | trials | median (s) | min (s) | max (s) "
+             "| held (max) | last held job done, median (s) |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    groups: dict[tuple[str, str, float, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["path"], r["flags"], r["job_ms"], r["signal"]), []).append(r)
+    for (path, flags, job_ms, name), rows in groups.items():
+        seconds = [r["seconds"] for r in rows]
+        done = [r["held_done_s"] for r in rows if r["held_done_s"] is not None]
+        lines.append(f"| {path} | `{flags}` | {job_ms:g} | {name} | {len(rows)} "
+                     f"| {statistics.median(seconds):.3f} | {min(seconds):.3f} "
+                     f"| {max(seconds):.3f} | {max(r['held_processing'] for r in rows)} "
+                     f"| {f'{statistics.median(done):.3f}' if done else '–'} |")
     return "\n".join(lines)
 
 
-async def run(trials: int, signals: Sequence[str], lease: float) -> list[dict[str, Any]]:
+async def run(trials: int, signals: Sequence[str], lease: float, setups: Sequence[str]
+              ) -> list[dict[str, Any]]:
     url = await prepare_database(embedded.database_url(), RECOVERY_DATABASE)
     try:
         context = {**machine_info(), **await server_info(url)}
         results: list[dict[str, Any]] = []
-        for name in signals:
-            results += await measure_recovery(url, SIGNALS[name], trials, lease=lease)
+        for setup in setups:
+            for name in signals:
+                results += await measure_recovery(
+                    url, SIGNALS[name], trials, lease=lease, flags=SETUPS[setup].flags,
+                    job_seconds=SETUPS[setup].job_seconds)
     finally:
         await drop_bench_database(url, RECOVERY_DATABASE)
     path = results_dir() / f"recovery-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.csv"
@@ -164,14 +361,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m jobqueue.benchmarks.recovery", description=__doc__)
     p.add_argument("--trials", type=int, default=int(os.environ.get("JOBQUEUE_BENCH_TRIALS", 10)))
     p.add_argument("--signals", default="SIGKILL,SIGSTOP")
+    p.add_argument("--setups", default=",".join(SETUPS),
+                   help=f"how the active worker holds its jobs: {', '.join(SETUPS)}")
     p.add_argument("--lease", type=float, default=5.0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     signals = [s.strip().upper() for s in args.signals.split(",") if s.strip()]
-    unknown = set(signals) - set(SIGNALS)
+    setups = [s.strip().lower() for s in args.setups.split(",") if s.strip()]
+    unknown = (set(signals) - set(SIGNALS)) | (set(setups) - set(SETUPS))
     if unknown:
-        p.error(f"unknown signal(s): {', '.join(sorted(unknown))}")
-    asyncio.run(run(args.trials, signals, args.lease))
+        p.error(f"unknown signal(s) or setup(s): {', '.join(sorted(unknown))}")
+    asyncio.run(run(args.trials, signals, args.lease, setups))
 
 
 if __name__ == "__main__":

@@ -187,30 +187,18 @@ def _latency(results: Path) -> str:
 def _recovery(results: Path) -> str:
     times, _ = load("recovery", results)
     timeline, _ = load("recovery_timeline", results)
-    table = plots.recovery_table(times)
-    parts = {r["signal"]: r for _, r in table.iterrows()}
-    sentences = []
-    if "SIGKILL" in parts:
-        sentences.append(
-            f"After a crash (SIGKILL) the standby completes its first job "
-            f"{parts['SIGKILL']['median (s)']:.3f} s after the signal (median): the dead "
-            "worker's connection closes, its advisory lock goes with it, and the standby, "
-            "blocked in `pg_advisory_lock`, is granted it at once.")
-    if "SIGSTOP" in parts:
-        sentences.append(
-            f"After a hang (SIGSTOP) it takes {parts['SIGSTOP']['median (s)']:.2f} s with a "
-            f"{parts['SIGSTOP']['lease (s)']:g} s lease: the frozen worker's connections stay "
-            "open, so a standby waits for its heartbeat to go stale, then terminates its "
-            "backends (fencing).")
+    findings = plots.recovery_findings(times)
     return "\n".join([
         "## Dead-worker recovery", "",
-        "The active worker is killed or frozen while it works through 5 ms jobs "
-        "(batch size 10); recovery is the time from the signal to the first job the standby "
-        "completes, on the database's clock.", "",
-        plots.markdown(table, ",.3f"), "",
+        "The active worker is killed (SIGKILL) or frozen (SIGSTOP) while it works through a "
+        "stream of jobs; both workers run "
+        f"`jobqueue worker {plots.recovery_common_flags(times, 'argv')}` plus the setup's own "
+        "flags. Recovery is the time from the signal to the first job the standby completes, "
+        "on the database's clock.", "",
+        plots.markdown(plots.recovery_table(times), ",.3f"), "",
         _figure(plots.recovery_timeline_plot(timeline, times), "recovery_timeline", results), "",
         _figure(plots.recovery_times_plot(times), "recovery_times", results), "",
-        *sentences,
+        *[findings[k] for k in ("crash", "hang", "rescue", "left_processing") if findings[k]],
     ])
 
 

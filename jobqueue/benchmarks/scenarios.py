@@ -585,13 +585,18 @@ def _qname(q: float) -> str:
 
 
 async def recovery(url: str, sig: signal.Signals, *, lease: float = 5.0, jobs: int = 3000,
-                   log_dir: Path | None = None) -> dict[str, Any]:
-    """One recovery trial plus the timeline of completions around the signal:
-    jobs completed per 100 ms by each worker ("first" was active, "second"
-    stood by), from 1 s before the signal to 1 s after recovery."""
-    trial = await recovery_trial(url, sig, lease=lease, jobs=jobs, log_dir=log_dir,
-                                 keep_timeline=True)
-    return trial
+                   setup: str = "quick", log_dir: Path | None = None) -> dict[str, Any]:
+    """One recovery trial with one of `recovery.SETUPS` (how the active worker
+    holds its jobs: quick batches, or claimed so that the standby must rescue
+    them) plus the timeline of completions around the signal: jobs completed
+    per 100 ms by each worker ("first" was active, "second" stood by), from
+    1 s before the signal to 1 s after recovery."""
+    from jobqueue.benchmarks.recovery import SETUPS
+
+    how = SETUPS[setup]
+    return await recovery_trial(url, sig, lease=lease, jobs=jobs, flags=how.flags,
+                                job_seconds=how.job_seconds, log_dir=log_dir,
+                                keep_timeline=True)
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -678,15 +683,24 @@ async def latency_series(url: str, *, rates: Sequence[float], seconds: float, re
 
 
 async def recovery_series(url: str, *, signals: Sequence[str], trials: int, lease: float,
-                          jobs: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Repeated recovery trials: times, and the timeline of each trial."""
+                          jobs: int, setups: Sequence[str] | None = None
+                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Repeated recovery trials for each setup (`recovery.SETUPS`: all of
+    them unless told) and signal: times (a row per trial, labelled with the
+    path and flags its workers ran with), and the timeline of each trial."""
+    from jobqueue.benchmarks.recovery import SETUPS
+
+    setups = list(SETUPS) if setups is None else setups
     times, timelines = [], []
-    with progress(len(signals) * trials, "recovery") as bar:
-        for name in signals:
-            for trial in range(1, trials + 1):
-                result = await recovery(url, getattr(signal, name), lease=lease, jobs=jobs)
-                timeline = result.pop("timeline")
-                times.append({**result, "trial": trial})
-                timelines += [{"signal": name, "trial": trial, **point} for point in timeline]
-                bar.update()
+    with progress(len(setups) * len(signals) * trials, "recovery") as bar:
+        for setup in setups:
+            for name in signals:
+                for trial in range(1, trials + 1):
+                    result = await recovery(url, getattr(signal, name), lease=lease, jobs=jobs,
+                                            setup=setup)
+                    timeline = result.pop("timeline")
+                    times.append({"setup": setup, **result, "trial": trial})
+                    timelines += [{"setup": setup, "signal": name, "trial": trial, **point}
+                                  for point in timeline]
+                    bar.update()
     return times, timelines

@@ -1,17 +1,110 @@
-"""The recovery measurement itself works (tiny: one trial per signal)."""
+"""The recovery measurement itself works (toy size: one trial each), on the
+quick path and on the rescue path, where the dead worker holds claimed jobs."""
 
 from __future__ import annotations
 
 import signal
 
-from jobqueue.benchmarks.recovery import recovery_trial, summary_table
+import pandas as pd
+import pytest
+
+from jobqueue import db
+from jobqueue.benchmarks import plots, recovery
+from jobqueue.benchmarks.recovery import SETUPS, recovery_trial, run_counts, summary_table
 
 
 async def test_one_trial_per_signal(bench_database: str, tmp_path) -> None:
     url = bench_database
     crash = await recovery_trial(url, signal.SIGKILL, lease=1.0, jobs=400, log_dir=tmp_path)
     hang = await recovery_trial(url, signal.SIGSTOP, lease=1.0, jobs=400, log_dir=tmp_path)
-    assert 0 < crash["seconds"] < hang["seconds"]
+    assert crash["path"] == hang["path"] == "quick batches"
+    assert 0 < crash["started_s"] <= crash["seconds"] < hang["seconds"]
     assert hang["seconds"] >= 1.0 - 0.25  # the lease, less at most one heartbeat interval
     table = summary_table([crash, hang])
     assert "| SIGKILL | 1 |" in table and "| SIGSTOP | 1 |" in table
+
+
+@pytest.mark.parametrize(("setup", "sig"), [("claimed", signal.SIGKILL),
+                                           ("slow", signal.SIGSTOP)])
+async def test_a_rescue_trial_puts_back_every_held_job_once(bench_database: str, tmp_path,
+                                                            setup: str, sig: signal.Signals
+                                                            ) -> None:
+    how = SETUPS[setup]
+    trial = await recovery_trial(bench_database, sig, lease=1.0, jobs=400, flags=how.flags,
+                                 job_seconds=how.job_seconds, log_dir=tmp_path)
+    assert trial["path"] == "claimed"
+    # There was something to rescue: claimed jobs of the dead worker, read at the signal...
+    assert trial["held_processing"] > 0
+    # ...and each came back and was completed by the standby, once.
+    assert trial["held_completed_once"] == trial["held_processing"]
+    assert trial["held_done_s"] >= trial["seconds"] > 0
+    assert trial["left_processing"] == 0
+    assert trial["completed"] > 0 and trial["completed_not_once"] == trial["ran_twice"] == 0
+
+
+async def test_the_run_count_sees_a_job_run_twice(bench_database: str, tmp_path) -> None:
+    await recovery_trial(bench_database, signal.SIGKILL, lease=1.0, jobs=200, log_dir=tmp_path)
+    conn = await db.connect(bench_database)
+    try:
+        job = await conn.fetchrow("SELECT id, worker_id FROM jobs WHERE status = 'completed'"
+                                  " LIMIT 1")
+        before = await run_counts(conn, [job["id"]], job["worker_id"])
+        assert before["held_completed_once"] == 1 and before["ran_twice"] == 0
+        await conn.execute("INSERT INTO recovery_runs (job_id) VALUES ($1)", job["id"])
+        after = await run_counts(conn, [job["id"]], job["worker_id"])
+    finally:
+        await conn.close()
+    assert after["held_completed_once"] == 0
+    assert after["ran_twice"] == after["completed_not_once"] == 1
+
+
+def test_the_path_is_read_from_the_workers_options() -> None:
+    paths = {name: recovery.path_of(recovery.worker_argv(2.0, 10, s.flags), s.job_seconds)
+             for name, s in SETUPS.items()}
+    assert paths == {"quick": "quick batches", "claimed": "claimed", "slow": "claimed"}
+    table = recovery.setups_table(list(SETUPS), 2.0)
+    assert list(table["path"]) == list(paths.values())
+    assert "--quick-batch 0" in table.loc[table["setup"] == "claimed", "command"].iloc[0]
+
+
+CLAIMED = "--batch-size 10 --lease 2 --quick-batch 0"
+
+
+def _trials(**changes: object) -> pd.DataFrame:
+    """Two made-up claimed-path trials and one quick-path one, as a results file has them."""
+    rows = [
+        {"setup": "quick", "path": "quick batches", "flags": "--batch-size 10 --lease 2",
+         "job_ms": 5.0, "signal": "SIGKILL", "seconds": 0.05, "started_s": 0.03, "lease": 2.0,
+         "held_processing": 0, "held_done_s": None, "held_completed_once": 0,
+         "left_processing": 0, "completed": 30, "completed_not_once": 0, "trial": 1},
+        {"setup": "claimed", "path": "claimed", "flags": CLAIMED,
+         "job_ms": 5.0, "signal": "SIGKILL", "seconds": 0.08, "started_s": 0.04, "lease": 2.0,
+         "held_processing": 20, "held_done_s": 0.09, "held_completed_once": 20,
+         "left_processing": 0, "completed": 40, "completed_not_once": 0, "trial": 1},
+        {"setup": "claimed", "path": "claimed", "flags": CLAIMED,
+         "job_ms": 5.0, "signal": "SIGSTOP", "seconds": 2.1, "started_s": 2.0, "lease": 2.0,
+         "held_processing": 10, "held_done_s": 2.2, "held_completed_once": 10,
+         "left_processing": 0, "completed": 40, "completed_not_once": 0, "trial": 1},
+    ]
+    df = pd.DataFrame(rows)
+    for key, value in changes.items():
+        df.loc[df["setup"] == "claimed", key] = value
+    return df
+
+
+def test_the_sentences_follow_the_trials() -> None:
+    good = plots.recovery_findings(_trials())
+    assert "`--quick-batch 0`: 10–20 in each of 2 trials" in good["rescue"]
+    assert "Each of the 30 held jobs was completed by the standby exactly once" in good["rescue"]
+    assert "0.080 s" in good["crash"] and "2.10 s (1 trial)" in good["hang"]
+    assert "1 of 1 hang trials lie within the lease" in good["hang"]
+    assert "It is 0 in each of the 2 claimed-path trials" in good["left_processing"]
+    bad = plots.recovery_findings(_trials(held_completed_once=5, left_processing=3))
+    assert "Only 10 of the 30 held jobs" in bad["rescue"]
+    assert "exactly once (its" not in bad["rescue"]
+    assert "up to 3" in bad["left_processing"]
+    table = plots.recovery_table(_trials())
+    assert list(table["setup"]) == ["quick batches, 5 ms jobs",
+                                    "claimed, 5 ms jobs, `--quick-batch 0`",
+                                    "claimed, 5 ms jobs, `--quick-batch 0`"]
+    assert list(table["held jobs completed once"]) == ["0 of 0", "20 of 20", "10 of 10"]
