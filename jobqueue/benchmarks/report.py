@@ -291,7 +291,10 @@ def commit_findings(df: pd.DataFrame) -> list[str]:
     per_job = spread[spread["system"].isin(["procrastinate", "course design"])]
     if plots.workload(df) != "noop" or per_job.empty:
         return []
-    names = " and ".join(dict.fromkeys(plots.SYSTEM_NAMES[x] for x in per_job["system"]))
+    names = " and ".join(dict.fromkeys(
+        "the course design" if x == "course design" else plots.SYSTEM_NAMES[x]
+        for x in per_job["system"]))
+    names = names[0].upper() + names[1:]
     return [f"{names} commit per job (Procrastinate twice: the claim, then the completion) "
             f"and stay between {per_job['median'].min():,.0f} and "
             f"{per_job['median'].max():,.0f} jobs/s: every job waits for a durable commit of "
