@@ -353,7 +353,7 @@ async def test_every_row_is_labelled_from_the_arguments_its_processes_got(
     names = {"jobqueue": f"t{tag}", "pgqueuer": f"t{tag}_pgq", "procrastinate": f"t{tag}_pro"}
     setups = [{"system": "jobqueue", "flags": ["--batch-size", "50", "--concurrency", "1"]},
               {"system": "pgqueuer", "batch_size": 7, "workers": 2},
-              {"system": "procrastinate", "concurrency": 3, "n": 30}]
+              {"system": "procrastinate", "concurrency": 3, "n": 30, "workers": 2}]
     urls = {"jobqueue": await scenarios.open_bench(names["jobqueue"])}
     try:
         for system in ("pgqueuer", "procrastinate"):
