@@ -359,11 +359,22 @@ def settings(workers: int, concurrency: int) -> str:
     return f"concurrency {concurrency}, {procs}, {rest}"
 
 
-def write_config(path: Path, concurrency: int) -> Path:
-    """perfTest's preset with this run's concurrency and tasks, as a CommonJS
-    graphile config file; the connection comes from DATABASE_URL."""
-    worker = {**PERFTEST_OPTIONS, "concurrentJobs": concurrency,
-              "maxPoolSize": concurrency + 1, "taskDirectory": str(TASKS)}
+def preset_options(concurrency: int) -> dict[str, Any]:
+    """perfTest's preset with this run's concurrency (its pool, concurrency
+    + 1, as perfTest derives it) and tasks."""
+    return {**PERFTEST_OPTIONS, "concurrentJobs": concurrency,
+            "maxPoolSize": concurrency + 1, "taskDirectory": str(TASKS)}
+
+
+def knobs(worker: dict[str, Any]) -> list[str]:
+    """The knobs a run turns, as `name=value` words read from the options its
+    config file holds (the `argv` column; `peers.label` reads it back)."""
+    return [f"{key}={worker[key]}" for key in ("concurrentJobs", "maxPoolSize")]
+
+
+def write_config(path: Path, worker: dict[str, Any]) -> Path:
+    """`worker` (`preset_options`) as a CommonJS graphile config file; the
+    connection comes from DATABASE_URL."""
     path.write_text("// Written by jobqueue.benchmarks.graphile for one drain.\n"
                     f"module.exports = {{ worker: {json.dumps(worker, indent=2)} }};\n")
     return path
@@ -457,7 +468,8 @@ async def drain(url: str, *, n: int, workers: int = 1,
     filled = await fill(url, n, handler)
     run_dir = log_dir or Path(tempfile.mkdtemp(prefix="graphile-drain-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = write_config(run_dir / "graphile.config.cjs", concurrency)
+    options = preset_options(concurrency)
+    config = write_config(run_dir / "graphile.config.cjs", options)
     conn = await db.connect(url, application_name="jobqueue bench")
     procs: list[WorkerProcess] = []
     watch: asyncio.Task[tuple[float | None, float | None]] | None = None
@@ -479,7 +491,8 @@ async def drain(url: str, *, n: int, workers: int = 1,
     if first is None or last is None:
         raise RuntimeError(f"{SYSTEM}'s drain was not seen to start and end (logs in {run_dir})")
     seconds = last - first
-    return {"system": SYSTEM, "settings": settings(workers, concurrency), "n": n,
-            "workers": workers, "batch_size": None, "concurrency": concurrency,
+    return {"system": SYSTEM, "argv": " ".join(knobs(options)),
+            "settings": settings(workers, int(options["concurrentJobs"])), "n": n,
+            "workers": workers, "batch_size": None, "concurrency": options["concurrentJobs"],
             "handler": handler, "seconds": seconds, "jobs_per_sec": n / seconds,
             **rss.summary(sampler.samples, first, last)}

@@ -155,13 +155,20 @@ async def run_procrastinate(concurrency: int, drain: bool) -> None:
         await app.run_worker_async(concurrency=concurrency, wait=not drain)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This worker's command line; `peers.label` parses the arguments a run
+    gave its processes with this same parser, so a label cannot say other
+    knobs than the process ran with."""
     parser = argparse.ArgumentParser(description="A peer queue's worker, for the benchmark lab.")
     parser.add_argument("system", choices=["pgqueuer", "procrastinate"])
     parser.add_argument("--batch-size", type=int, default=10, help="PgQueuer's batch_size")
     parser.add_argument("--concurrency", type=int, default=1, help="Procrastinate's concurrency")
     parser.add_argument("--drain", action="store_true", help="exit once the queue is empty")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.system == "pgqueuer":
         asyncio.run(run_pgqueuer(args.batch_size, args.drain))

@@ -20,8 +20,8 @@ writes an event row per transition from triggers. Every one of these is the
 time of the statement that makes the change; its commit follows within about
 a millisecond.
 
-Three measurements, each returning plain rows like `scenarios.drain` and
-`scenarios.open_loop` plus `system` and `settings` columns:
+Three measurements, each returning plain rows like `scenarios.drain`'s
+plus `system`, `argv` and `settings` columns:
 
 - `drain`: N jobs already queued, W worker processes; throughput from the
   first claim to the last recorded completion, every job checked done, each
@@ -31,21 +31,27 @@ Three measurements, each returning plain rows like `scenarios.drain` and
   writing the way its docs show (`peer_worker`); every job's rows are checked
   (`scenarios.check_writes`).
 - `open_loop`: jobs enqueued one by one, each in its own transaction, at
-  scheduled times, over an asyncpg pool: PgQueuer's own `Queries.enqueue`,
-  Procrastinate's own defer statement (the SQL function `Task.defer_async`
-  calls), jobqueue's plain INSERT; one idle worker. Latency from enqueue to
-  start and to completion recorded.
+  scheduled times, over one asyncpg pool for every system: jobqueue's plain
+  INSERT, PgQueuer's own `Queries.enqueue`, Procrastinate's own defer
+  statement (the SQL function `Task.defer_async` calls); one idle worker.
+  Latency from enqueue to start and to completion recorded, the first
+  `WARMUP` s of arrivals left out, a percentile given only where the sample
+  carries it (`carried`), and flags for a rate not met or a backlog.
 - `memory_timeline`: one worker draining a big table, its RSS over time.
 
 `drain_comparison`, `latency_comparison` and `memory_comparison` run a list of
-setups (dicts: `{"system": "pgqueuer", "batch_size": 500, "workers": 2}`) for
-the notebook, jobqueue and the course's design included. A jobqueue setup is
-the worker's command line: `{"system": "jobqueue", "flags": [], "workers": 1}`
-is `jobqueue worker --import MODULE` exactly as the README starts it
-(`scenarios.cli_drain`); its label is built from those arguments
-(`scenarios.worker_label`). A setup may carry its own `n` (Procrastinate's
-few hundred jobs/s want a smaller drain than the others); every row says
-which n it drained.
+setups (dicts: `{"system": "pgqueuer", "batch_size": 1000, "workers": 2}`;
+`comparison_setups` builds the notebook's: every queue with the same numbers
+of processes, each configured as its docs advise for throughput,
+`RECOMMENDED`), jobqueue and the course's design included. A jobqueue setup
+is the worker's command line: `{"system": "jobqueue", "flags": [], "workers":
+1}` is `jobqueue worker --import MODULE` exactly as the README starts it
+(`scenarios.cli_drain`). Every run records the arguments its processes got
+(`argv`: jobqueue's command line, `peer_worker.py`'s, graphile-worker's
+config knobs), and its label is read back from them alone (`label`, with
+each worker's own parser), so a label cannot name a knob the run did not
+use. A setup may carry its own `n` (Procrastinate's few hundred jobs/s want a
+smaller drain than the others); every row says which n it drained.
 """
 
 from __future__ import annotations
@@ -64,8 +70,14 @@ import asyncpg
 
 from jobqueue import db, embedded
 from jobqueue.benchmarks import graphile, rss, scenarios
-from jobqueue.benchmarks.peer_worker import HANDLERS, NOOP, PEER_BENCH_TABLE, PROCESS_PAYMENT
-from jobqueue.benchmarks.quick import check_bench_name
+from jobqueue.benchmarks.peer_worker import (
+    HANDLERS,
+    NOOP,
+    PEER_BENCH_TABLE,
+    PROCESS_PAYMENT,
+    build_parser,
+)
+from jobqueue.benchmarks.quick import check_bench_name, quantile
 from jobqueue.testing import WorkerProcess, wait_for
 
 logger = logging.getLogger(__name__)
@@ -75,6 +87,47 @@ GRAPHILE = graphile.SYSTEM
 SYSTEMS = ("jobqueue", "pgqueuer", "procrastinate", GRAPHILE, "course design")
 PEERS = ("pgqueuer", "procrastinate", GRAPHILE)
 FILL_CHUNK = 10_000
+#: What each system's own documentation advises for throughput, in this
+#: lab's words (read 2026-12-01), and the pages that say it. The notebook and
+#: BENCHMARKS.md print it beside every table, under the setups that ran.
+RECOMMENDED: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "jobqueue": (
+        "The README starts it as `jobqueue worker --import MODULE` with the CLI's defaults "
+        "(2 lanes, batches of up to 1,000, quick batches); `--shared` lets several processes "
+        "work at once instead of one active and the others standing by.",
+        ()),
+    "pgqueuer": (
+        "Its performance guide: raise `batch_size` (default 10) when jobs are short-lived "
+        "(under a second), without giving a number; `max_concurrent_tasks` unset (no cap; "
+        "if set, at least twice the batch); the `durable` default; `pgq autovac` after "
+        "installing; a "
+        "dedicated asyncpg connection for the worker. Its deployment guide: one worker "
+        "process per CPU core for CPU-bound work. Its benchmark tool runs 5 queue managers "
+        "of batch 10 in one process.",
+        (("performance tuning", "https://janbjorge.github.io/pgqueuer/guides/performance-tuning/"),
+         ("deployment", "https://janbjorge.github.io/pgqueuer/guides/deployment/"),
+         ("benchmarks", "https://janbjorge.github.io/pgqueuer/comparisons/benchmarks/"))),
+    "procrastinate": (
+        "Its docs: a worker runs one job at a time by default; for throughput, launch several "
+        "workers, each in its own process, and give async tasks `concurrency` (their example: "
+        "30); with short jobs the pool should hold as many connections as the concurrency, "
+        "plus one.",
+        (("concurrency",
+          "https://procrastinate.readthedocs.io/en/stable/howto/production/concurrency.html"),
+         ("pool size", "https://procrastinate.readthedocs.io/en/stable/discussions.html"
+                       "#mind-the-size-of-your-postgresql-pool"))),
+    GRAPHILE: (
+        "Its performance page: batching (a local queue, completions batched) for any "
+        "high-throughput queue, and perfTest, its own benchmark: 4 processes of 24 concurrent "
+        "jobs each, a pool of 25, a local queue of 500, `completeJobBatchDelay` and "
+        "`failJobBatchDelay` 0, tuned for an i9-14900K.",
+        (("performance", "https://worker.graphile.org/docs/performance"),
+         ("config", "https://worker.graphile.org/docs/config"))),
+    "course design": (
+        "The course's own runner (`jobqueue/benchmarks/course.py`): a transaction and ORM "
+        "round trips per job, in the benchmark's process.",
+        ()),
+}
 #: What each Python peer package is called, for its version in the results.
 PACKAGES = {"pgqueuer": "pgqueuer", "procrastinate": "procrastinate"}
 
@@ -137,16 +190,18 @@ class _Peer:
     events: tuple[str, str, str]
     kinds: tuple[str, str, str]
     drain_sql: str
+    #: Completed jobs other than the warm-up job $1, and that job alone.
     completed_sql: str
+    warm_sql: str
 
     @property
     def latency_sql(self) -> str:
-        """Each job's three times (epoch seconds), for jobs after id $1."""
+        """Each job's three times (epoch seconds), for every job but $1."""
         table, at, kind = self.events
         times = ", ".join(
             f"extract(epoch FROM min({at}) FILTER (WHERE {kind} = '{k}')) AS {name}"
             for name, k in zip(("enqueued", "started", "completed"), self.kinds, strict=True))
-        return f"SELECT job_id AS id, {times} FROM {table} WHERE job_id > $1 GROUP BY job_id"
+        return f"SELECT job_id AS id, {times} FROM {table} WHERE job_id <> $1 GROUP BY job_id"
 
     async def install(self, url: str) -> None:
         raise NotImplementedError
@@ -159,12 +214,12 @@ class _Peer:
         """One job in its own transaction on `pool`; returns its id."""
         raise NotImplementedError
 
-    def worker_args(self, setup: Mapping[str, Any]) -> list[str]:
-        raise NotImplementedError
-
     async def fill(self, url: str, n: int, handler: str) -> None:
         """`enqueue_many`, then VACUUM ANALYZE so every run starts alike."""
         await self.enqueue_many(url, n, handler)
+        await self.vacuum_analyze(url)
+
+    async def vacuum_analyze(self, url: str) -> None:
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
             for table in self.vacuum:
@@ -208,7 +263,8 @@ class _PgQueuer(_Peer):
         FROM pgqueuer_log"""
     events = ("pgqueuer_log", "created", "status")
     kinds = ("queued", "picked", "successful")
-    completed_sql = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful' AND job_id > $1"
+    completed_sql = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful' AND job_id <> $1"
+    warm_sql = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful' AND job_id = $1"
 
     async def install(self, url: str) -> None:
         from pgqueuer import Queries
@@ -248,8 +304,6 @@ class _PgQueuer(_Peer):
         queries = Queries.from_asyncpg_pool(pool)
         return lambda: queries.enqueue(NOOP, None)
 
-    def worker_args(self, setup: Mapping[str, Any]) -> list[str]:
-        return ["--batch-size", str(setup.get("batch_size", 10))]
 
 
 class _Procrastinate(_Peer):
@@ -274,7 +328,8 @@ class _Procrastinate(_Peer):
     events = ("procrastinate_events", "at", "type")
     kinds = ("deferred", "started", "succeeded")
     completed_sql = ("SELECT count(*) FROM procrastinate_jobs"
-                     " WHERE status = 'succeeded' AND id > $1")
+                     " WHERE status = 'succeeded' AND id <> $1")
+    warm_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded' AND id = $1"
     defer_sql = ("SELECT unnest(procrastinate_defer_jobs_v1(ARRAY[ROW('default', 'noop', 0,"
                  " NULL, NULL, '{}'::jsonb, NULL)::procrastinate_job_to_defer_v1]))")
 
@@ -311,9 +366,6 @@ class _Procrastinate(_Peer):
         of 1,000 jobs/s here while the worker shared the two cores, so the rate
         asked for would not have been the rate measured."""
         return lambda: pool.fetchval(self.defer_sql)
-
-    def worker_args(self, setup: Mapping[str, Any]) -> list[str]:
-        return ["--concurrency", str(setup.get("concurrency", 1))]
 
 
 _PEERS: dict[str, _Peer] = {"pgqueuer": _PgQueuer(), "procrastinate": _Procrastinate()}
@@ -402,25 +454,56 @@ def _graphile_concurrency(setup: Mapping[str, Any]) -> int:
     return int(setup.get("concurrency", graphile.PERFTEST_CONCURRENCY))
 
 
-def settings(setup: Mapping[str, Any], handler: str = NOOP) -> str:
-    """A setup as the tables show it: the knobs that were turned (for
-    jobqueue, the label `scenarios.worker_label` builds from the command line
-    the setup gives its workers)."""
+def argv(setup: Mapping[str, Any], handler: str = NOOP) -> list[str]:
+    """The arguments a setup's worker processes get: jobqueue's command line
+    (`scenarios.worker_argv`), `peer_worker.py`'s (after the system's name,
+    without `--drain`), graphile-worker's knobs as `name=value` words (they go
+    into the config file `graphile.write_config` writes); the course design
+    has none. Runs record these (`argv` column) and `label` reads them back."""
     system = setup["system"]
-    workers = int(setup.get("workers", 1))
+    if system == "jobqueue":
+        return scenarios.worker_argv(handler, *jobqueue_flags(setup))
+    if system == "pgqueuer":
+        return ["--batch-size", str(setup.get("batch_size", 10))]
+    if system == "procrastinate":
+        return ["--concurrency", str(setup.get("concurrency", 1))]
+    if system == GRAPHILE:
+        return graphile.knobs(graphile.preset_options(_graphile_concurrency(setup)))
+    if system == "course design":
+        return []
+    raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
+
+
+def _words(args: str | Sequence[str]) -> list[str]:
+    return shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
+
+
+def label(system: str, args: str | Sequence[str], workers: int = 1) -> str:
+    """A setup as the tables show it, read back from the arguments its
+    processes got (`argv`, as recorded): jobqueue's by its own CLI parser
+    (`scenarios.worker_label`), the Python peers' by `peer_worker`'s parser,
+    graphile-worker's from the config knobs. Nothing else feeds a label, so it
+    cannot name a knob the run did not use."""
+    words = _words(args)
     procs = f"{workers} process{'es' if workers > 1 else ''}"
     if system == "jobqueue":
-        argv = scenarios.worker_argv(handler, *jobqueue_flags(setup))
-        return scenarios.worker_label(argv, workers)
-    if system == "pgqueuer":
-        return f"batch {setup.get('batch_size', 10)}, {procs}"
-    if system == "procrastinate":
-        return f"concurrency {setup.get('concurrency', 1)}, {procs}"
+        return scenarios.worker_label(words, workers)
+    if system in _PEERS:
+        opts = build_parser().parse_args([system, *words])
+        if system == "pgqueuer":
+            return f"batch {opts.batch_size}, {procs}"
+        return f"concurrency {opts.concurrency}, {procs}"
     if system == GRAPHILE:
-        return graphile.settings(workers, _graphile_concurrency(setup))
+        knobs = dict(w.split("=", 1) for w in words)
+        return graphile.settings(workers, int(knobs["concurrentJobs"]))
     if system == "course design":
         return "a transaction per job, ORM, in-process"
     raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
+
+
+def settings(setup: Mapping[str, Any], handler: str = NOOP) -> str:
+    """The label a setup will get (`label` of its `argv`), before it runs."""
+    return label(setup["system"], argv(setup, handler), int(setup.get("workers", 1)))
 
 
 #: The `preset` column's names for the two setups the findings single out.
@@ -428,17 +511,52 @@ CLI_DEFAULTS = "CLI defaults"
 PERFTEST = "perfTest"
 
 
-def preset(setup: Mapping[str, Any]) -> str:
-    """`CLI_DEFAULTS` for jobqueue started with no flag, `PERFTEST` for
-    graphile-worker in its perfTest configuration (processes and concurrency
-    both perfTest's), else empty."""
-    system, workers = setup["system"], int(setup.get("workers", 1))
-    if system == "jobqueue" and not jobqueue_flags(setup) and workers == 1:
+def preset_of(system: str, args: str | Sequence[str], workers: int = 1) -> str:
+    """`CLI_DEFAULTS` for one jobqueue process given no flag but `--import`,
+    `PERFTEST` for graphile-worker in its perfTest configuration (processes
+    and concurrency both perfTest's), else empty; read from the recorded
+    arguments, like `label`."""
+    words = _words(args)
+    if system == "jobqueue" and workers == 1 and len(words) == 2 and words[0] == "--import":
         return CLI_DEFAULTS
-    if system == GRAPHILE and (workers, _graphile_concurrency(setup)) == (
-            graphile.PERFTEST_PROCESSES, graphile.PERFTEST_CONCURRENCY):
+    if system == GRAPHILE and workers == graphile.PERFTEST_PROCESSES and (
+            words == argv({"system": GRAPHILE})):
         return PERFTEST
     return ""
+
+
+def preset(setup: Mapping[str, Any]) -> str:
+    """`preset_of` a setup, before it runs."""
+    return preset_of(setup["system"], argv(setup), int(setup.get("workers", 1)))
+
+
+def comparison_setups(handler: str, *, processes: Sequence[int], pgqueuer_batch: int,
+                      procrastinate_concurrency: int, procrastinate_n: int, course_n: int,
+                      graphile_worker: bool = True, perftest: bool = False
+                      ) -> list[dict[str, Any]]:
+    """The comparison's setups for one workload, system by system: every
+    queue with each of `processes` worker processes, as its docs advise for
+    throughput (`RECOMMENDED`): jobqueue at the CLI's defaults (`--shared`
+    for more than one process, so that all of them work), PgQueuer at
+    `pgqueuer_batch`, graphile-worker with perfTest's options, Procrastinate at
+    `procrastinate_concurrency` (and its smaller `procrastinate_n`); plus
+    graphile-worker's whole perfTest configuration (`perftest`) and the
+    course's design (no-op jobs only)."""
+    def each(setup: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{**setup, "workers": k} for k in processes]
+
+    setups = [*[{"system": "jobqueue", "flags": [] if k == 1 else ["--shared"], "workers": k}
+                for k in processes],
+              *each({"system": "pgqueuer", "batch_size": pgqueuer_batch})]
+    if graphile_worker:
+        setups += each({"system": GRAPHILE})
+        if perftest:
+            setups.append({"system": GRAPHILE, "workers": graphile.PERFTEST_PROCESSES})
+    setups += each({"system": "procrastinate", "concurrency": procrastinate_concurrency,
+                    "n": procrastinate_n})
+    if handler == NOOP:
+        setups.append({"system": "course design", "n": course_n})
+    return setups
 
 
 # -- drain -------------------------------------------------------------------------
@@ -467,8 +585,9 @@ async def _drain(system: str, url: str, *, n: int, workers: int, batch_size: int
     setup = {"system": system, "workers": workers, "batch_size": batch_size,
              "concurrency": concurrency}
     await fill(system, url, n, handler)
-    args = [*peer.worker_args(setup), "--drain"]
-    procs = [_process(url, system, log_dir / f"drain-{i}.log", *args) for i in range(workers)]
+    args = argv(setup)
+    procs = [_process(url, system, log_dir / f"drain-{i}.log", *args, "--drain")
+             for i in range(workers)]
     try:
         async with rss.RssSampler(p.pid for p in procs) as sampler:
             for p in procs:
@@ -490,9 +609,11 @@ async def _drain(system: str, url: str, *, n: int, workers: int, batch_size: int
             p.close()
     first, last = float(row["first"]), float(row["last"])
     seconds = last - first
-    result = {"system": system, "settings": settings(setup), "n": n, "workers": workers,
-              "batch_size": batch_size if system == "pgqueuer" else None,
-              "concurrency": concurrency if system == "procrastinate" else None,
+    opts = build_parser().parse_args([system, *args])
+    result = {"system": system, "argv": shlex.join(args), "settings": label(system, args, workers),
+              "n": n, "workers": workers,
+              "batch_size": opts.batch_size if system == "pgqueuer" else None,
+              "concurrency": opts.concurrency if system == "procrastinate" else None,
               "handler": handler, "seconds": seconds, "jobs_per_sec": n / seconds,
               **rss.summary(sampler.samples, first, last)}
     return result, rss.timeline(sampler.samples, first)
@@ -510,50 +631,130 @@ async def memory_timeline(system: str, url: str, *, n: int, batch_size: int = 10
 
 # -- latency -----------------------------------------------------------------------
 
+#: Seconds of arrivals at the start of each open-loop run left out of its
+#: figures (the worker's first batches, caches and plans still warming up).
+WARMUP = 1.0
+
+
+def carried(q: float, samples: int) -> bool:
+    """Whether `samples` values carry the q-quantile: at least one value lies
+    beyond it (p99 needs 100, p99.9 needs 1,000)."""
+    return samples * (1 - q) >= 1 - 1e-9
+
+
+class _JobQueue(_Peer):
+    """jobqueue in the same open-loop run as the peers: a plain INSERT per
+    job on the same asyncpg pool, the worker started with the setup's command
+    line (`argv`), the times from its jobs table."""
+
+    system = "jobqueue"
+    truncate = "TRUNCATE jobs, jobqueue_workers"
+    vacuum = ("jobs",)
+    completed_sql = "SELECT count(*) FROM jobs WHERE status = 'completed' AND id <> $1"
+    warm_sql = "SELECT count(*) FROM jobs WHERE status = 'completed' AND id = $1"
+
+    @property
+    def latency_sql(self) -> str:
+        return ("SELECT id, extract(epoch FROM created_at) AS enqueued,"
+                " extract(epoch FROM started_at) AS started,"
+                " extract(epoch FROM completed_at) AS completed FROM jobs WHERE id <> $1")
+
+    def enqueue_one(self, pool: asyncpg.Pool) -> Callable[[], Awaitable[Any]]:
+        return lambda: pool.fetchval("INSERT INTO jobs (job_type) VALUES ('noop') RETURNING id")
+
+
+def _latency_peer(system: str) -> _Peer:
+    return _JobQueue() if system == "jobqueue" else _peer(system)
+
+
+def latency_summary(rate: float, seconds: float, lateness: Sequence[float],
+                    times: Sequence[tuple[float, float, float]], warmup: float = WARMUP
+                    ) -> dict[str, Any]:
+    """An open-loop run's figures from each job's (enqueued, started,
+    completed) epoch seconds: the rate the producer achieved (over every
+    arrival), then the jobs enqueued `warmup` s or more after the first, and
+    their quantiles in ms where they carry them (`carried`; NaN otherwise);
+    `completed_rate` (their completions per second, first to last) says
+    whether the system kept up with the arrivals (`kept_up`) or worked off a
+    growing backlog at its own pace."""
+    times = sorted(times)
+    first = times[0][0]
+    span = times[-1][0] - first
+    counted = [t for t in times if t[0] - first >= warmup]
+    achieved = (len(times) - 1) / span if span > 0 else float(len(times))
+    summary: dict[str, Any] = {
+        "rate": rate, "seconds": seconds, "warmup_s": warmup, "arrivals": len(times),
+        "jobs": len(counted), "achieved_rate": achieved,
+        "rate_met": achieved >= 0.95 * rate,
+        "producer_late_p99_ms": quantile(lateness, 0.99) * 1000}
+    done = sorted(t[2] for t in counted)
+    busy = done[-1] - done[0] if len(done) > 1 else 0.0
+    summary["completed_rate"] = (len(done) - 1) / busy if busy > 0 else float("nan")
+    summary["kept_up"] = not summary["completed_rate"] < 0.95 * achieved
+    for name, i in (("start", 1), ("complete", 2)):
+        values = [t[i] - t[0] for t in counted]
+        for q in scenarios.QUANTILES:
+            summary[f"{name}_p{_qname(q)}_ms"] = (
+                quantile(values, q) * 1000 if carried(q, len(values)) else float("nan"))
+    return summary
+
+
+def _qname(q: float) -> str:
+    return f"{q * 100:g}".replace(".", "_")
+
 
 async def open_loop(system: str, url: str, *, rate: float, seconds: float,
-                    batch_size: int = 10, concurrency: int = 1, connections: int = 8,
-                    log_dir: Path | None = None) -> dict[str, Any]:
-    """Arrivals at `rate` jobs/s for `seconds`, each enqueued in its own
-    transaction at its scheduled time (see each peer's `producer`); one idle
-    worker process (continuous mode, woken by its LISTEN/NOTIFY). A warm-up
-    job, not counted, proves the worker is up before the clock starts.
-    Returns what `scenarios.open_loop` returns, with `system` and `settings`
-    in the summary."""
-    peer = _peer(system)
+                    setup: Mapping[str, Any] | None = None, connections: int = 8,
+                    warmup: float = WARMUP, log_dir: Path | None = None) -> dict[str, Any]:
+    """Arrivals at `rate` jobs/s for `warmup` + `seconds`, each enqueued in
+    its own transaction at its scheduled time (each system's `enqueue_one`,
+    over the same asyncpg pool); one idle worker process (continuous mode,
+    woken by its LISTEN/NOTIFY) started with the setup's `argv`. A job sent
+    first, not counted, proves the worker is up before the clock starts; the
+    first `warmup` s of arrivals are left out of the figures
+    (`latency_summary`). Returns the summary (with `system`, `argv`,
+    `settings`) and the counted jobs' latencies (s)."""
+    setup = {"system": system, **(setup or {})}
+    peer = _latency_peer(system)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"{system}-latency-"))
-    setup = {"system": system, "batch_size": batch_size, "concurrency": concurrency}
-    await fill(system, url, 0)
-    total = max(1, round(rate * seconds))
-    worker = _process(url, system, log_dir / "worker.log", *peer.worker_args(setup))
+    args = argv(setup)
+    await _reset(url, peer, NOOP)
+    await peer.vacuum_analyze(url)
+    if system == "jobqueue":
+        worker = WorkerProcess(url, log_dir / "worker.log", *args)
+    else:
+        worker = _process(url, system, log_dir / "worker.log", *args)
+    total = max(1, round(rate * (seconds + warmup)))
     conn = await db.connect(url, application_name="jobqueue bench")
     try:
         async with peer.producer(url, connections) as enqueue_one:
             warm = await enqueue_one()
             warm_id = warm[0] if isinstance(warm, list) else warm
-            await wait_for(lambda: _completed(conn, peer, warm_id - 1, 1, worker),
-                           timeout=60, message=f"{system}'s worker to finish a warm-up job")
+            await wait_for(lambda: _completed(conn, peer, peer.warm_sql, warm_id, 1, worker),
+                           timeout=60, message=f"{system}'s worker to finish a first job")
             lateness = await scenarios.arrivals(enqueue_one, rate, total)
-        await wait_for(lambda: _completed(conn, peer, warm_id, total, worker),
-                       timeout=seconds + 120, interval=0.05, message="every job completed")
+        await wait_for(lambda: _completed(conn, peer, peer.completed_sql, warm_id, total, worker),
+                       timeout=seconds + warmup + 120, interval=0.05,
+                       message="every job completed")
         rows = await conn.fetch(peer.latency_sql, warm_id)
     finally:
         await worker.stop()
         await conn.close()
-    enqueued = sorted(float(r["enqueued"]) for r in rows)
-    span = enqueued[-1] - enqueued[0] if len(enqueued) > 1 else 0.0
-    to_start = [float(r["started"]) - float(r["enqueued"]) for r in rows]
-    to_complete = [float(r["completed"]) - float(r["enqueued"]) for r in rows]
-    result = scenarios.latency_result(rate, seconds, span, lateness, to_start, to_complete)
-    result["summary"] = {"system": system, "settings": settings(setup), **result["summary"]}
-    return result
+    times = [(float(r["enqueued"]), float(r["started"]), float(r["completed"])) for r in rows]
+    summary = latency_summary(rate, seconds, lateness, times, warmup)
+    first = min(t[0] for t in times)
+    counted = [t for t in sorted(times) if t[0] - first >= warmup]
+    return {"summary": {"system": system, "argv": shlex.join(args),
+                        "settings": label(system, args), **summary},
+            "to_start": [t[1] - t[0] for t in counted],
+            "to_complete": [t[2] - t[0] for t in counted]}
 
 
-async def _completed(conn: asyncpg.Connection, peer: _Peer, after_id: int, count: int,
+async def _completed(conn: asyncpg.Connection, peer: _Peer, sql: str, marker: Any, count: int,
                      worker: WorkerProcess) -> bool:
     if worker.proc.poll() is not None:
         raise RuntimeError(f"{peer.system} worker exited: {worker.log()[-2000:]}")
-    return bool(await conn.fetchval(peer.completed_sql, after_id) >= count)
+    return bool(await conn.fetchval(sql, marker) >= count)
 
 
 # -- the comparison: setups run one after another, repeated --------------------------
@@ -576,11 +777,11 @@ async def drain_setup(urls: Mapping[str, str], setup: Mapping[str, Any], *, n: i
     jobqueue (`scenarios.cli_drain`: its CLI with the setup's flags, RSS
     sampled), a Python peer (`drain`), graphile-worker (`graphile.drain`) or
     the course's design (no-op jobs only; in this process, timed by its own
-    client clock: it has no worker process of its own)."""
+    client clock: it has no worker process of its own). The row's `settings`
+    and `preset` are read back from the `argv` the run recorded."""
     system = setup["system"]
     n = int(setup.get("n", n))
     workers = int(setup.get("workers", 1))
-    label = {"system": system, "settings": settings(setup, handler), "preset": preset(setup)}
     if system == "jobqueue":
         row = await scenarios.cli_drain(urls["jobqueue"], n=n, handler=handler,
                                         flags=jobqueue_flags(setup), workers=workers)
@@ -589,7 +790,7 @@ async def drain_setup(urls: Mapping[str, str], setup: Mapping[str, Any], *, n: i
             raise ValueError("the course design runs no-op jobs only")
         (row,) = await scenarios.course_drains(urls["jobqueue"], n=n, repeat=1)
         row.pop("run", None)
-        row["workers"] = 1
+        row.update(workers=1, argv="")
     elif system == GRAPHILE:
         row = await graphile.drain(urls[GRAPHILE], n=n, workers=workers, handler=handler,
                                    concurrency=_graphile_concurrency(setup))
@@ -597,7 +798,8 @@ async def drain_setup(urls: Mapping[str, str], setup: Mapping[str, Any], *, n: i
         row = await drain(system, urls[system], n=n, workers=workers, handler=handler,
                           batch_size=int(setup.get("batch_size", 10)),
                           concurrency=int(setup.get("concurrency", 1)))
-    return {**row, **label}
+    return {**row, "system": system, "settings": label(system, row["argv"], workers),
+            "preset": preset_of(system, row["argv"], workers)}
 
 
 async def drain_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]], *,
@@ -617,10 +819,12 @@ async def drain_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str
 
 
 async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]], *,
-                             rates: Sequence[float], seconds: float, repeat: int
+                             rates: Sequence[float], seconds: float, repeat: int,
+                             warmup: float = WARMUP
                              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Open-loop runs of every setup at every rate (jobqueue and the Python
-    peers): summaries, and every job's latencies (ms)."""
+    """Open-loop runs (`open_loop`) of every setup at every rate (jobqueue
+    and the Python peers, through the same producer), `repeat` rounds: the
+    summaries, and every counted job's latencies (ms)."""
     setups = _runnable(setups)
     summaries, samples = [], []
     with scenarios.progress(len(setups) * len(rates) * repeat, "latency") as bar:
@@ -628,19 +832,8 @@ async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[s
             for rate in rates:
                 for setup in setups:
                     system = setup["system"]
-                    if system == "jobqueue":
-                        result = await scenarios.open_loop(
-                            urls[system], rate=rate, seconds=seconds,
-                            flags=jobqueue_flags(setup))
-                        argv = shlex.split(result["summary"]["argv"])
-                        result["summary"] = {"system": system,
-                                             "settings": scenarios.worker_label(argv),
-                                             **result["summary"]}
-                    else:
-                        result = await open_loop(
-                            system, urls[system], rate=rate, seconds=seconds,
-                            batch_size=int(setup.get("batch_size", 10)),
-                            concurrency=int(setup.get("concurrency", 1)))
+                    result = await open_loop(system, urls[system], rate=rate, seconds=seconds,
+                                             setup=setup, warmup=warmup)
                     summary = result["summary"]
                     summaries.append({**summary, "run": run})
                     samples += [{"system": system, "settings": summary["settings"],
@@ -654,8 +847,10 @@ async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[s
 
 async def memory_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]]
                             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """One long drain per setup (each with its own `n`), RSS sampled: the
-    summaries, and the timelines. jobqueue runs as `cli_drain` runs it."""
+    """One long drain per setup (each with its own `n`), one worker, RSS
+    sampled: the summaries (with the change per 10,000 jobs, comparable
+    where the n differ), and the timelines. jobqueue runs as `cli_drain` runs
+    it; every label is read back from the recorded `argv`."""
     setups = _runnable(setups)
     summaries, timelines = [], []
     with scenarios.progress(len(setups), "memory") as bar:
@@ -664,13 +859,15 @@ async def memory_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[st
             if system == "jobqueue":
                 result = await scenarios.memory_timeline(urls[system], n=n,
                                                          flags=jobqueue_flags(setup))
-                label = {"system": system, "settings": result["summary"]["settings"]}
             else:
                 result = await memory_timeline(
                     system, urls[system], n=n, batch_size=int(setup.get("batch_size", 10)),
                     concurrency=int(setup.get("concurrency", 1)))
-                label = {"system": system, "settings": settings(setup)}
-            summaries.append({**result["summary"], **label})
-            timelines += [{**label, "n": n, **point} for point in result["timeline"]]
+            row = result["summary"]
+            tags = {"system": system, "settings": label(system, row["argv"])}
+            growth = row["rss_end_mib"] - row["rss_start_mib"]
+            summaries.append({**row, **tags, "rss_per_10k_jobs_mib": growth / n * 10_000})
+            timelines += [{**tags, "n": n, "drain_seconds": row["seconds"], **point}
+                          for point in result["timeline"]]
             bar.update()
     return summaries, timelines

@@ -475,6 +475,8 @@ def peer_drain_spread(df: pd.DataFrame) -> pd.DataFrame:
     extra = df.groupby(_SETUP).agg(preset=("preset", "first"))
     if "rss_peak_mib" in df.columns:
         extra["rss_peak_mib"] = df.groupby(_SETUP)["rss_peak_mib"].max()
+    if "workers_used" in df.columns:
+        extra["workers_used_min"] = df.groupby(_SETUP)["workers_used"].min()
     s = s.merge(extra.reset_index(), on=_SETUP, how="left")
     keys = list(zip(*(df[c] for c in _SETUP), strict=True))
     order = {key: i for i, key in enumerate(dict.fromkeys(keys))}
@@ -489,6 +491,9 @@ def peer_drain_table(df: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame({"system": s["system"].map(SYSTEM_NAMES), "settings": s["settings"],
                           "processes": s["workers"], "n": s["n"],
                           f"{RATE} (min–max)": s.apply(_range, axis=1), "runs": s["runs"]})
+    if "workers_used_min" in s.columns:  # recorded by jobqueue's drains (its jobs' worker_id)
+        table["fewest processes that took jobs"] = s["workers_used_min"].map(
+            lambda v: "–" if pd.isna(v) else f"{v:.0f}")
     if "rss_peak_mib" in s.columns:
         table["peak RSS (MiB)"] = s["rss_peak_mib"].map(
             lambda v: "–" if pd.isna(v) else f"{v:.0f}")
@@ -560,38 +565,79 @@ def peer_drain_plot(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def peer_latency_table(df: pd.DataFrame) -> pd.DataFrame:
-    """p50 and p99 to start and to completion, medians over runs, per rate and system."""
-    cols = ["achieved_rate", "start_p50_ms", "start_p99_ms", "complete_p50_ms",
-            "complete_p99_ms"]
-    med = df.groupby(["rate", "system", "settings"], sort=False)[cols].median().reset_index()
+def _ms(value: float) -> str:
+    return "–" if pd.isna(value) else f"{value:,.1f}"
+
+
+def peer_latency_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Each setup's runs at each rate, their medians: the rate asked for and
+    achieved, the jobs counted (after the warm-up), the quantiles (NaN where
+    a run's sample does not carry them) and the flags (`rate_met`, `kept_up`:
+    false if any run's was)."""
+    keys = ["rate", "system", "settings"]
+    cols = [c for c in df.columns if c.endswith("_ms") or c in (
+        "achieved_rate", "completed_rate", "jobs", "warmup_s")]
+    med = df.groupby(keys, sort=False)[cols].median().reset_index()
+    flags = df.groupby(keys, sort=False).agg(
+        runs=("run", "size"), rate_met=("rate_met", "all"),
+        kept_up=("kept_up", "all")).reset_index()
+    med = med.merge(flags, on=keys)
     med["o"] = med["system"].map(list(SYSTEM_COLORS).index)
-    med = med.sort_values(["rate", "o"]).reset_index(drop=True)
-    return pd.DataFrame({
-        "arrivals (jobs/s)": med["rate"], "system": med["system"].map(SYSTEM_NAMES),
-        "settings": med["settings"], "achieved": med["achieved_rate"],
-        "to start p50 (ms)": med["start_p50_ms"], "to start p99 (ms)": med["start_p99_ms"],
-        "to completion p50 (ms)": med["complete_p50_ms"],
-        "to completion p99 (ms)": med["complete_p99_ms"]}).round(1)
+    return med.sort_values(["rate", "o"]).drop(columns="o").reset_index(drop=True)
+
+
+def latency_flag(row: pd.Series) -> str:
+    parts = []
+    if not row["rate_met"]:
+        parts.append(f"rate not met: {row['achieved_rate']:,.0f} of {row['rate']:,.0f}")
+    if not row["kept_up"]:
+        parts.append(f"fell behind: completed {row['completed_rate']:,.0f}/s")
+    return "; ".join(parts) or "met"
+
+
+def peer_latency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per rate and setup: the rate asked for and achieved with its flag, the
+    jobs counted, p50, p99 and p99.9 to start and to completion ("–" where
+    the sample does not carry that percentile); medians over the runs."""
+    med = peer_latency_runs(df)
+    table = pd.DataFrame({
+        "arrivals asked (jobs/s)": med["rate"], "system": med["system"].map(SYSTEM_NAMES),
+        "settings": med["settings"].map(short_settings),
+        "achieved (jobs/s)": med["achieved_rate"].round(0),
+        "rate": med.apply(latency_flag, axis=1), "runs": med["runs"],
+        "jobs counted": med["jobs"].astype(int)})
+    for what, prefix in (("start", "start_"), ("completion", "complete_")):
+        for q in ("50", "99", "99_9"):
+            column = f"{prefix}p{q}_ms"
+            if column in med.columns:
+                table[f"to {what} p{q.replace('_', '.')} (ms)"] = med[column].map(_ms)
+    return table
 
 
 def peer_latency_plot(df: pd.DataFrame) -> plt.Figure:
-    """p50 (circles) and p99 (squares) against the arrival rate, to start
-    and to completion, one colour per system."""
-    med = df.groupby(["system", "rate"]).median(numeric_only=True).reset_index()
+    """p50 (circles) and p99 (squares, where carried) against the rate the
+    producer achieved, to start and to completion, one colour per system;
+    hollow markers flag a run whose asked rate was not met or which fell
+    behind."""
+    med = peer_latency_runs(df)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, (what, prefix) in zip(axes, (("start", "start_"), ("completion", "complete_")),
                                   strict=True):
         for system in _system_order(med):
             g = med[med["system"] == system]
             color = SYSTEM_COLORS[system]
-            ax.plot(g["rate"], g[f"{prefix}p50_ms"], "o-", color=color,
-                    label=f"{SYSTEM_NAMES[system]} p50")
-            ax.plot(g["rate"], g[f"{prefix}p99_ms"], "s--", color=color,
-                    label=f"{SYSTEM_NAMES[system]} p99")
+            for q, marker, style in (("50", "o", "-"), ("99", "s", "--")):
+                ax.plot(g["achieved_rate"], g[f"{prefix}p{q}_ms"], style, color=color,
+                        label=f"{SYSTEM_NAMES[system]} p{q}")
+                ok = g["rate_met"] & g["kept_up"]
+                ax.scatter(g["achieved_rate"][ok], g[f"{prefix}p{q}_ms"][ok], marker=marker,
+                           color=color)
+                ax.scatter(g["achieved_rate"][~ok], g[f"{prefix}p{q}_ms"][~ok], marker=marker,
+                           facecolors="none", edgecolors=color)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("arrival rate (jobs/s, open loop)")
+        ax.set_xlabel("arrival rate achieved (jobs/s, open loop; hollow: rate not met or "
+                      "fell behind)", fontsize=8)
         ax.set_title(f"enqueue → {what}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("milliseconds")
@@ -601,8 +647,8 @@ def peer_latency_plot(df: pd.DataFrame) -> plt.Figure:
 
 
 def peer_latency_cdf(samples: pd.DataFrame, rate: float | None = None) -> plt.Figure:
-    """Share of jobs completed within x ms of being enqueued, per system, at
-    one arrival rate (the middle one unless told)."""
+    """Share of the counted jobs completed within x ms of being enqueued, per
+    system, at one asked arrival rate (the middle one unless told)."""
     rates = sorted(samples["rate"].unique())
     rate = rate if rate is not None else rates[len(rates) // 2]
     at = samples[samples["rate"] == rate]
@@ -615,7 +661,8 @@ def peer_latency_cdf(samples: pd.DataFrame, rate: float | None = None) -> plt.Fi
     ax.set_xscale("log")
     ax.set_xlabel("enqueue → completion recorded (ms)")
     ax.set_ylabel("share of jobs")
-    ax.set_title(f"Latency distribution at {rate:g} jobs/s")
+    ax.set_title(f"Latency distribution, arrivals asked at {rate:g} jobs/s "
+                 "(the table gives the rate achieved)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -623,26 +670,33 @@ def peer_latency_cdf(samples: pd.DataFrame, rate: float | None = None) -> plt.Fi
 
 
 def peer_memory_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Resident memory of one worker at the start and end of a long drain, and its peak."""
+    """Resident memory of one worker at the start and end of a long drain,
+    its peak, and the change per 10,000 jobs (comparable where n differ)."""
     return pd.DataFrame({
-        "system": df["system"].map(SYSTEM_NAMES), "settings": df["settings"],
-        "jobs drained": df["n"], f"{RATE}": df["jobs_per_sec"],
-        "RSS at first claim (MiB)": df["rss_start_mib"],
-        "RSS at last completion (MiB)": df["rss_end_mib"],
-        "peak RSS (MiB)": df["rss_peak_mib"]}).round(1)
+        "system": df["system"].map(SYSTEM_NAMES), "settings": df["settings"].map(short_settings),
+        "jobs drained": df["n"], f"{RATE}": df["jobs_per_sec"].round(0),
+        "RSS at first claim (MiB)": df["rss_start_mib"].round(1),
+        "RSS at last completion (MiB)": df["rss_end_mib"].round(1),
+        "peak RSS (MiB)": df["rss_peak_mib"].round(1),
+        "change per 10,000 jobs (MiB)": df["rss_per_10k_jobs_mib"].round(2)})
 
 
 def peer_memory_plot(timeline: pd.DataFrame) -> plt.Figure:
-    """Each worker's RSS over its drain (t = 0 at the first claim)."""
+    """Each worker's RSS over its drain, against the share of the drain done
+    (t / the drain's length; readings inside the drain), so that drains of
+    different n share one axis; the legend gives each n."""
     fig, ax = plt.subplots(figsize=(7, 4))
     for system in _system_order(timeline):
         g = timeline[timeline["system"] == system]
-        n = int(g["n"].iloc[0])
-        ax.plot(g["t"], g["rss_mib"], color=SYSTEM_COLORS[system],
-                label=f"{SYSTEM_NAMES[system]} ({n:,} jobs, {g['settings'].iloc[0]})")
-    ax.axvline(0, color="black", linestyle=":", linewidth=1)
+        total = float(g["drain_seconds"].iloc[0])
+        g = g[(g["t"] >= 0) & (g["t"] <= total)]
+        n = int(g["n"].iloc[0]) if len(g) else 0
+        ax.plot(100 * g["t"] / total, g["rss_mib"], ".-", color=SYSTEM_COLORS[system],
+                label=f"{SYSTEM_NAMES[system]} ({n:,} jobs, "
+                      f"{short_settings(str(g['settings'].iloc[0])) if len(g) else ''})")
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("seconds from the first claim")
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of the drain done (%, from the first claim to the last completion)")
     ax.set_ylabel("worker resident memory (MiB)")
     ax.set_title("One worker's memory while it drains")
     ax.grid(True, alpha=0.3)

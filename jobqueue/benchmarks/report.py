@@ -16,7 +16,7 @@ from typing import Any
 import matplotlib
 import pandas as pd
 
-from jobqueue.benchmarks import load, plots
+from jobqueue.benchmarks import load, peers, plots
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 RESULTS = CHECKOUT / "notebooks" / "benchmarks" / "results"
@@ -221,30 +221,26 @@ def _peers(results: Path) -> str:
     lines = [
         "## Beside its peers: PgQueuer, Procrastinate, graphile-worker and the course's design",
         "",
-        f"Same server, one run ({versions or 'peer versions unknown'}). Each peer runs as real "
-        "worker processes configured as its documentation advises: PgQueuer at its default "
-        "durability (`durable`, every table logged) with its recommended autovacuum settings "
-        "(`pgq autovac`), a dedicated asyncpg connection per worker; Procrastinate with the "
-        "psycopg connector, an async task and a pool of concurrency + 1 connections; "
-        "graphile-worker (Node.js) in the configuration of its own benchmark, perfTest (4 "
-        "processes × 24 concurrent jobs, a local queue of 500, completions batched), and in "
-        "one process with the same options. jobqueue runs as the README starts it, "
-        "`jobqueue worker --import MODULE` with no other flag (its INFO logs go to a file, "
-        "as to a terminal), stopped with SIGTERM once the jobs are done; every label is built "
-        "from the arguments the processes were given. Besides no-op jobs, two kinds of real "
-        "work, the same in every system: `write_row` INSERTs one row; `process_payment` (the "
-        "seed's handler) UPDATEs a user's balance and INSERTs the payment in one transaction. "
-        "Each peer's task writes through a pool of its own, as its docs show (PgQueuer an "
-        "asyncpg pool passed as a shared resource, Procrastinate its connector's pool, "
-        "graphile-worker `helpers.query` and `helpers.withPgClient`); jobqueue's handlers "
-        "write through the session it hands them, in the batch's transaction. Every drain "
-        "checks that each job ran once and wrote exactly its rows. Throughput comes from the "
-        "timestamps each system writes on PostgreSQL's clock (claimed: `jobs.started_at`, "
-        "PgQueuer's `picked` log row, Procrastinate's `started` event, graphile-worker's "
-        "`locked_at`; completion recorded: `jobs.completed_at`, `successful`, `succeeded`; "
+        f"Same server, one run ({versions or 'peer versions unknown'}). Each system runs as "
+        "real worker processes in the configuration its own documentation advises for "
+        "throughput, with the same numbers of processes as jobqueue (the configuration of "
+        "every setup, and what each system's docs say, are listed under each table). "
+        "jobqueue runs as the README starts it, `jobqueue worker --import MODULE`, stopped "
+        "with SIGTERM once the jobs are done; every label is read back from the arguments "
+        "the processes were given. Besides no-op jobs, two kinds of real work, the same in "
+        "every system: `write_row` INSERTs one row; `process_payment` (the seed's handler) "
+        "UPDATEs a user's balance and INSERTs the payment in one transaction. Each peer's "
+        "task writes through a pool of its own, as its docs show (PgQueuer an asyncpg pool "
+        "passed as a shared resource, Procrastinate its connector's pool, graphile-worker "
+        "`helpers.query` and `helpers.withPgClient`); jobqueue's handlers write through the "
+        "session it hands them, in the batch's transaction. Every drain checks that each job "
+        "ran once and wrote exactly its rows. Throughput comes from the timestamps each "
+        "system writes on PostgreSQL's clock (claimed: `jobs.started_at`, PgQueuer's "
+        "`picked` log row, Procrastinate's `started` event, graphile-worker's `locked_at`; "
+        "completion recorded: `jobs.completed_at`, `successful`, `succeeded`; "
         "graphile-worker keeps no record of a completion, so its drain ends at the first "
         "10 ms sample that finds its jobs table empty). The course's design runs in the "
-        "notebook's process, timed by its client clock.", "",
+        "benchmark's own process, timed by its client clock.", "",
     ]
     for name, _ in COMPARISON_DRAINS:
         if (results / f"{name}.csv").exists():
@@ -268,18 +264,54 @@ def _peers_drain(df: pd.DataFrame, results: Path, name: str) -> list[str]:
         "than minutes. Peak RSS is the largest resident memory any of the setup's worker "
         "processes reached.", "",
         plots.markdown(plots.peer_drain_table(df)), "",
+        *configuration_notes(df), "",
         _figure(plots.peer_drain_plot(df), name, results), "",
         *drain_findings(df),
+        *commit_findings(df),
+        shortest_drain(df),
     ]
+    return lines
+
+
+def commit_findings(df: pd.DataFrame) -> list[str]:
+    """Where the systems that commit per job land, from the rows (no-op
+    drains only: with real work every system's job costs more)."""
+    spread = plots.peer_drain_spread(df)
     per_job = spread[spread["system"].isin(["procrastinate", "course design"])]
-    if handler == "noop" and len(per_job):
-        lines.append(
-            f"Procrastinate and the course design commit per job (Procrastinate twice: the "
-            f"claim, then the completion) and stay between {per_job['median'].min():,.0f} and "
+    if plots.workload(df) != "noop" or per_job.empty:
+        return []
+    names = " and ".join(dict.fromkeys(
+        "the course design" if x == "course design" else plots.SYSTEM_NAMES[x]
+        for x in per_job["system"]))
+    names = names[0].upper() + names[1:]
+    return [f"{names} commit per job (Procrastinate twice: the claim, then the completion) "
+            f"and stay between {per_job['median'].min():,.0f} and "
             f"{per_job['median'].max():,.0f} jobs/s: every job waits for a durable commit of "
             "its own. PgQueuer, graphile-worker and jobqueue claim in batches; jobqueue also "
-            "records a batch's completions in the same transaction.")
+            "records a batch's completions in the same transaction."]
+
+
+def configuration_notes(df: pd.DataFrame) -> list[str]:
+    """Beside a table or figure: for each system in `df`, the setups it ran
+    (their labels, read back from the arguments the runs used) and what its
+    documentation advises for throughput (`peers.RECOMMENDED`, with the page)."""
+    lines = ["Configuration of each system, as run here and as its documentation advises:", ""]
+    for system in [s for s in plots.SYSTEM_COLORS if s in set(df["system"])]:
+        ran = "; ".join(dict.fromkeys(
+            plots.plain_settings(x) for x in df[df["system"] == system]["settings"]))
+        advice, links = peers.RECOMMENDED[system]
+        pages = ", ".join(f"[{name}]({url})" for name, url in links)
+        lines.append(f"- **{plots.SYSTEM_NAMES[system]}**, run as: {ran}. "
+                     f"{advice}{f' ({pages})' if pages else ''}")
     return lines
+
+
+def shortest_drain(df: pd.DataFrame) -> str:
+    """The shortest drain behind a table, and which setup ran it."""
+    row = df.loc[df["seconds"].idxmin()]
+    return (f"The shortest of these drains lasted {row['seconds']:.1f} s "
+            f"({plots.SYSTEM_NAMES[row['system']]}, {plots.plain_settings(row['settings'])}, "
+            f"n = {int(row['n']):,}).")
 
 
 def _rate(row: pd.Series, usual: int) -> str:
@@ -352,6 +384,11 @@ def drain_findings(df: pd.DataFrame) -> list[str]:
         lines.append(f"With {procs}: jobqueue's best ({_setting(mine, usual)}) is "
                      f"{mine['median'] / theirs['median']:,.1f}× the best other queue with "
                      f"{procs}, {_who(theirs, usual)}.")
+    if "workers_used_min" in s.columns:
+        for _, row in ours[ours["workers_used_min"] < ours["workers"]].iterrows():
+            lines.append(f"In at least one round of {plots.plain_settings(row['settings'])}, "
+                         f"only {row['workers_used_min']:.0f} of its {row['workers']} processes "
+                         "took jobs.")
     mine, theirs = _best(ours), _best(queues)
     if mine is not None and theirs is not None:
         lines.append(f"Best against best, whatever the number of processes: "
@@ -400,64 +437,113 @@ def goal_lines(drains: dict[str, pd.DataFrame]) -> list[str]:
 def _peers_latency(results: Path) -> list[str]:
     df, _ = load("comparison_latency", results)
     samples, _ = load("comparison_latency_samples", results)
-    med = df.groupby(["system", "rate"]).median(numeric_only=True)
-    low = float(df["rate"].min())
-    lines = [
+    return [
         "### Latency under open-loop arrivals", "",
-        "Jobs enqueued one at a time, each in its own transaction, at a fixed rate that does "
-        "not wait for the queue; one idle worker per system, each system at its default "
-        "settings (Procrastinate's concurrency as in the table). Medians over runs.", "",
+        *latency_method(df), "",
         plots.markdown(plots.peer_latency_table(df), ",.1f"), "",
+        *configuration_notes(df), "",
         _figure(plots.peer_latency_plot(df), "comparison_latency", results), "",
         _figure(plots.peer_latency_cdf(samples), "comparison_latency_cdf", results), "",
+        *latency_findings(df),
     ]
-    for system in plots.SYSTEM_COLORS:
-        if (system, low) not in med.index:
-            continue
-        row = med.loc[(system, low)]
+
+
+def _count(k: int, what: str) -> str:
+    return f"{k:,} {what}{'s' if k != 1 else ''}"
+
+
+def latency_method(df: pd.DataFrame) -> list[str]:
+    """How the latency runs were made, from their rows: the runs per setup,
+    the warm-up left out, the seconds counted, the percentile rule."""
+    runs = df.groupby(["system", "settings", "rate"])["run"].size()
+    counted = ("each setup ran once at each rate" if runs.max() == 1 else
+               f"each setup ran {runs.min()}–{runs.max()} times at each rate (medians of "
+               "the runs)" if runs.min() != runs.max() else
+               f"each setup ran {runs.max()} times at each rate (medians of the runs)")
+    warmup = sorted(df["warmup_s"].unique())
+    seconds = sorted(df["seconds"].unique())
+    return [
+        "Jobs enqueued one at a time, each in its own transaction, at a fixed rate that does "
+        "not wait for the queue (open loop), by the same asyncpg producer for every system; "
+        f"one idle worker per system, woken by its own LISTEN/NOTIFY; {counted}. "
+        f"The first {' or '.join(f'{w:g}' for w in warmup)} s of each run's arrivals are "
+        f"left out (warm-up); the next {' or '.join(f'{x:g}' for x in seconds)} s are "
+        "counted. A percentile is shown only where the run's counted jobs carry it (p99 "
+        "from 100 jobs, p99.9 from 1,000; \"–\" otherwise). A rate the producer did not "
+        "reach (under 95 % of it) is plotted at the rate achieved, hollow, and flagged in "
+        "the table, as is a system that fell behind (completed under 95 % of the arrival "
+        "rate): its latency is a backlog that grows with the run, not a wake-up."]
+
+
+def latency_findings(df: pd.DataFrame) -> list[str]:
+    """The sentences under the latency comparison, computed from its rows."""
+    med = plots.peer_latency_runs(df)
+    low = med[med["rate"] == med["rate"].min()]
+    lines = []
+    for _, row in low.iterrows():
+        name = plots.SYSTEM_NAMES[row["system"]]
+        p99 = ("" if pd.isna(row["complete_p99_ms"]) else
+               f", p99 {row['complete_p99_ms']:,.1f} ms")
         lines.append(
-            f"At {low:,.0f} jobs/s {plots.SYSTEM_NAMES[system]} starts a job "
-            f"{row['start_p50_ms']:.1f} ms after it was enqueued (p99 {row['start_p99_ms']:.1f} "
-            f"ms) and records its completion {row['complete_p50_ms']:.1f} ms after (p99 "
-            f"{row['complete_p99_ms']:.1f} ms).")
-    if ("pgqueuer", low) in med.index:
-        row = med.loc[("pgqueuer", low)]
+            f"At {row['rate']:,.0f} jobs/s {name} starts a job {row['start_p50_ms']:,.1f} ms "
+            f"after it was enqueued at the median and records its completion "
+            f"{row['complete_p50_ms']:,.1f} ms after{p99} ({_count(int(row['jobs']), 'job')} "
+            "counted).")
+    pgq = low[low["system"] == "pgqueuer"]
+    if len(pgq):
+        row = pgq.iloc[0]
         lines.append(
             f"PgQueuer's gap between start and recorded completion "
             f"({row['complete_p50_ms'] - row['start_p50_ms']:.0f} ms at the median) is its "
-            "completion buffer: finished jobs are written when the buffer holds `batch_size` "
-            "of them or every ~0.1 s, in a statement of their own.")
-    for (system, rate), row in med.iterrows():
-        if row["complete_p50_ms"] > 250:
-            lines.append(
-                f"At {rate:,.0f} jobs/s {plots.SYSTEM_NAMES[system]} falls behind (completion "
-                f"p50 {row['complete_p50_ms'] / 1000:,.2f} s): the arrivals outrun its "
-                "throughput, so that row measures a backlog that grows with the run, not a "
-                "wake-up.")
-        if row["achieved_rate"] < 0.9 * rate:
-            lines.append(f"At {rate:,.0f} jobs/s the producer for {plots.SYSTEM_NAMES[system]} "
-                         f"reached only {row['achieved_rate']:,.0f} jobs/s.")
+            "completion buffer: PgQueuer 1.6 writes finished jobs when the buffer holds "
+            "`batch_size` of them or about every 0.1 s (`JobStatusLogBuffer`, "
+            "`pgqueuer/core/buffers.py`), in a statement of their own.")
+    for _, row in med.iterrows():
+        if not (row["rate_met"] and row["kept_up"]):
+            lines.append(f"At {row['rate']:,.0f} jobs/s asked, "
+                         f"{plots.SYSTEM_NAMES[row['system']]}: "
+                         f"{plots.latency_flag(row)} (completion p50 "
+                         f"{row['complete_p50_ms']:,.0f} ms).")
     return lines
 
 
 def _peers_memory(results: Path) -> list[str]:
     df, _ = load("comparison_memory", results)
     timeline, _ = load("comparison_memory_timeline", results)
-    lines = [
+    return [
         "### Memory over a long drain", "",
         "One worker drains a large table while its resident memory (VmRSS) is read every "
         "quarter second from outside the process.", "",
-        plots.markdown(plots.peer_memory_table(df), ",.1f"), "",
+        plots.markdown(plots.peer_memory_table(df), ",.2f"), "",
+        *configuration_notes(df), "",
         _figure(plots.peer_memory_plot(timeline), "comparison_memory", results), "",
+        *memory_findings(df),
     ]
+
+
+def memory_findings(df: pd.DataFrame) -> list[str]:
+    """The sentences under the memory comparison, computed from its rows:
+    each worker's memory before and after, per 10,000 jobs so that drains of
+    different n compare, and which n differ."""
+    lines = []
     for _, row in df.iterrows():
         if pd.isna(row["rss_start_mib"]) or pd.isna(row["rss_end_mib"]):
             continue
         lines.append(
             f"{plots.SYSTEM_NAMES[row['system']]}'s worker held {row['rss_start_mib']:.1f} MiB "
             f"at its first claim and {row['rss_end_mib']:.1f} MiB after {int(row['n']):,} jobs "
-            f"({row['rss_end_mib'] - row['rss_start_mib']:+.1f} MiB; peak "
+            f"({row['rss_end_mib'] - row['rss_start_mib']:+.1f} MiB, "
+            f"{row['rss_per_10k_jobs_mib']:+.2f} MiB per 10,000 jobs; peak "
             f"{row['rss_peak_mib']:.1f} MiB).")
+    sizes = sorted(set(int(x) for x in df["n"]))
+    if len(sizes) > 1:
+        fewer = df[df["n"] < max(sizes)]
+        lines.append(
+            "Not every worker drained the same n: "
+            + ", ".join(f"{plots.SYSTEM_NAMES[r['system']]} {int(r['n']):,} "
+                        f"({r['seconds']:.0f} s at {r['jobs_per_sec']:,.0f} jobs/s)"
+                        for _, r in fewer.iterrows())
+            + f" against {max(sizes):,}; compare them by the change per 10,000 jobs.")
     return lines
 
 

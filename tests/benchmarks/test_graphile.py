@@ -7,11 +7,12 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
 from jobqueue import db
-from jobqueue.benchmarks import graphile, scenarios
+from jobqueue.benchmarks import graphile, peers, scenarios
 
 N = 200
 
@@ -36,14 +37,20 @@ async def graphile_url(graphile_installed: None, server_url: str) -> AsyncIterat
                           ("write_row", 1, 4), ("write_row", 2, 24),
                           ("process_payment", 2, 8)])
 async def test_graphile_drains_every_job_exactly_once(
-        graphile_url: str, handler: str, workers: int, concurrency: int) -> None:
+        graphile_url: str, handler: str, workers: int, concurrency: int, tmp_path: Path) -> None:
     row = await graphile.drain(graphile_url, n=N, workers=workers, concurrency=concurrency,
-                               handler=handler, timeout=60)
+                               handler=handler, timeout=60, log_dir=tmp_path)
     assert row["system"] == "graphile-worker" and row["handler"] == handler
     assert (row["n"], row["workers"], row["concurrency"]) == (N, workers, concurrency)
     assert row["seconds"] > 0 and row["jobs_per_sec"] == pytest.approx(N / row["seconds"])
     procs = f"{workers} process{'es' if workers > 1 else ''}"
     assert row["settings"].startswith(f"concurrency {concurrency}, {procs}, perfTest")
+    # The label is read back from the knobs recorded, which are the config file's.
+    assert row["argv"] == f"concurrentJobs={concurrency} maxPoolSize={concurrency + 1}"
+    assert row["settings"] == peers.label("graphile-worker", row["argv"], workers)
+    config = (tmp_path / "graphile.config.cjs").read_text()
+    assert f'"concurrentJobs": {concurrency},' in config
+    assert f'"maxPoolSize": {concurrency + 1},' in config
     assert row["rss_peak_mib"] > 20  # a node process, sampled while it ran
     conn = await db.connect(graphile_url)
     try:  # seen in graphile's own table and in bench_rows (drain checks this too)

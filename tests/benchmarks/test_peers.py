@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobqueue import db
-from jobqueue.benchmarks import peers, rss, save, scenarios
+from jobqueue.benchmarks import graphile, peers, rss, save, scenarios
 from jobqueue.benchmarks.report import render
 from jobqueue.testing import wait_for
 from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
@@ -63,14 +63,38 @@ async def test_each_peer_drains_every_job_with_real_processes(
 @pytest.mark.parametrize("peer_url", ["pgqueuer", "procrastinate"], indirect=True)
 async def test_open_loop_latencies_of_a_peer_are_sane(peer_url: str, request) -> None:
     system = request.node.callspec.params["peer_url"]
-    result = await peers.open_loop(system, peer_url, rate=20, seconds=0.5, concurrency=2)
+    result = await peers.open_loop(system, peer_url, rate=20, seconds=0.5, warmup=0.25,
+                                   setup={"concurrency": 2})
     summary = result["summary"]
-    assert summary["system"] == system and summary["jobs"] == 10
-    assert len(result["to_start"]) == len(result["to_complete"]) == 10
+    assert summary["system"] == system and summary["arrivals"] == 15  # 20/s for 0.75 s
+    assert 0 < summary["jobs"] < 15  # the first 0.25 s of arrivals are not counted
+    assert len(result["to_start"]) == len(result["to_complete"]) == summary["jobs"]
     for start, complete in zip(result["to_start"], result["to_complete"], strict=True):
         assert 0 <= start <= complete < 5  # seconds, on the database's clock
-    assert summary["start_p50_ms"] <= summary["complete_p50_ms"] <= summary["complete_p99_ms"]
+    assert summary["start_p50_ms"] <= summary["complete_p50_ms"]
+    assert math.isnan(summary["complete_p99_ms"])  # a dozen jobs carry no p99
     assert summary["achieved_rate"] == pytest.approx(20, rel=0.3)
+
+
+def test_a_percentile_is_reported_only_where_the_sample_carries_it() -> None:
+    assert peers.carried(0.99, 100) and not peers.carried(0.99, 99)
+    assert peers.carried(0.999, 1000) and not peers.carried(0.999, 999)
+    # 100 jobs/s for 13 s, each started 1 ms and completed 2 ms after its enqueue,
+    # but the first second's jobs ten times slower (a cold worker).
+    times = [(i / 100, i / 100 + (0.01 if i < 100 else 0.001),
+              i / 100 + (0.02 if i < 100 else 0.002)) for i in range(1300)]
+    summary = peers.latency_summary(100, 12, [0.0] * 1300, times, warmup=1.0)
+    assert (summary["arrivals"], summary["jobs"]) == (1300, 1200)
+    assert summary["complete_p99_9_ms"] == pytest.approx(2.0)  # the cold second left out
+    assert summary["rate_met"] and summary["kept_up"]
+    few = peers.latency_summary(100, 1, [0.0] * 150, times[:150], warmup=1.0)
+    assert few["jobs"] == 50 and few["complete_p50_ms"] == pytest.approx(2.0)
+    assert math.isnan(few["complete_p99_ms"]) and math.isnan(few["complete_p99_9_ms"])
+    # Asked 1,000 jobs/s, reached 100; completions at 50/s: both flagged.
+    behind = [(i / 100, i / 100, i / 50) for i in range(300)]
+    slow = peers.latency_summary(1000, 2, [0.0] * 300, behind, warmup=1.0)
+    assert not slow["rate_met"] and not slow["kept_up"]
+    assert slow["completed_rate"] == pytest.approx(50)
 
 
 async def test_the_rss_sampler_reads_a_real_process() -> None:
@@ -138,14 +162,46 @@ def test_settings_say_which_knobs_were_turned() -> None:
         peers.settings({"system": "celery"})
 
 
+def test_labels_are_read_back_from_the_arguments_alone() -> None:
+    # Each system's label parses the recorded argv with the parser its worker uses.
+    assert peers.label("pgqueuer", "--batch-size 7", 2) == "batch 7, 2 processes"
+    assert peers.label("pgqueuer", "") == "batch 10, 1 process"  # peer_worker's default
+    assert peers.label("procrastinate", ["--concurrency", "3"]) == "concurrency 3, 1 process"
+    assert peers.label("graphile-worker", "concurrentJobs=3 maxPoolSize=4") == (
+        "concurrency 3, 1 process, perfTest's other options")
+    assert "batch 100," in peers.label("jobqueue", "--import m --batch-size 100")
+    for setup in peers.comparison_setups(
+            "noop", processes=[1, 2], pgqueuer_batch=1000, procrastinate_concurrency=30,
+            procrastinate_n=10, course_n=10, perftest=True):
+        args = peers.argv(setup)
+        assert peers.settings(setup) == peers.label(setup["system"], args,
+                                                    setup.get("workers", 1))
+
+
+def test_the_comparison_gives_every_queue_the_same_process_counts() -> None:
+    setups = peers.comparison_setups(
+        "write_row", processes=[1, 2], pgqueuer_batch=1000, procrastinate_concurrency=30,
+        procrastinate_n=10, course_n=10, perftest=True)
+    counts = {}
+    for s in setups:
+        counts.setdefault(s["system"], set()).add(s.get("workers", 1))
+    assert counts == {"jobqueue": {1, 2}, "pgqueuer": {1, 2}, "procrastinate": {1, 2},
+                      "graphile-worker": {1, 2, graphile.PERFTEST_PROCESSES}}
+    two = [s for s in setups if s["system"] == "jobqueue" and s["workers"] == 2]
+    assert two[0]["flags"] == ["--shared"]  # so that both processes take jobs
+    assert "course design" not in counts  # no-op jobs only
+
+
 def test_presets_single_out_the_cli_defaults_and_perftest() -> None:
     assert peers.preset({"system": "jobqueue", "flags": []}) == peers.CLI_DEFAULTS
     assert peers.preset({"system": "jobqueue"}) == peers.CLI_DEFAULTS
     assert peers.preset({"system": "jobqueue", "flags": ["--log-level", "WARNING"]}) == ""
     assert peers.preset({"system": "jobqueue", "flags": ["--shared"], "workers": 2}) == ""
     assert peers.preset({"system": "graphile-worker", "workers": 4}) == peers.PERFTEST
+    assert peers.preset({"system": "graphile-worker", "workers": 4, "concurrency": 8}) == ""
     assert peers.preset({"system": "graphile-worker", "workers": 1}) == ""
     assert peers.preset({"system": "pgqueuer", "batch_size": 10}) == ""
+
 
 
 async def test_jobqueue_at_its_cli_defaults_drains_and_stops_on_sigterm(
@@ -263,6 +319,9 @@ async def test_the_report_has_a_peers_section_only_when_it_was_measured(
             await scenarios.close_bench(name)
 
     text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+    assert "each setup ran once at each rate" in text  # one run each: no "medians over runs"
+    assert "Configuration of each system, as run here and as its documentation advises" in text
+    assert "MiB per 10,000 jobs" in text
     for heading in ("## Beside its peers", "### Draining 100 no-op jobs",
                     "### Latency under open-loop", "### Memory over a long drain",
                     "PgQueuer 1.6.0", "| Procrastinate |"):
@@ -280,3 +339,42 @@ async def test_the_report_has_a_peers_section_only_when_it_was_measured(
     (tmp_path / "throughput_matrix.csv").unlink()  # the peers alone still render
     text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
     assert "## Beside its peers" in text and "## Throughput" not in text
+
+
+async def test_every_row_is_labelled_from_the_arguments_its_processes_got(
+        server_url: str) -> None:
+    """The class of bug where a run used one knob and its label said another
+    (jobqueue's latency and memory runs at batch 100 labelled "batch 1000"):
+    every comparison, run with knobs that are nobody's default, records the
+    arguments its processes got, and its label is read back from them."""
+    pytest.importorskip("pgqueuer")
+    pytest.importorskip("procrastinate")
+    tag = uuid.uuid4().hex[:8]
+    names = {"jobqueue": f"t{tag}", "pgqueuer": f"t{tag}_pgq", "procrastinate": f"t{tag}_pro"}
+    setups = [{"system": "jobqueue", "flags": ["--batch-size", "50", "--concurrency", "1"]},
+              {"system": "pgqueuer", "batch_size": 7, "workers": 2},
+              {"system": "procrastinate", "concurrency": 3, "n": 30, "workers": 2}]
+    urls = {"jobqueue": await scenarios.open_bench(names["jobqueue"])}
+    try:
+        for system in ("pgqueuer", "procrastinate"):
+            urls[system] = await peers.open_peer(system, names[system])
+        drains = await peers.drain_comparison(urls, setups, n=60, repeat=1)
+        latency, _ = await peers.latency_comparison(urls, setups, rates=[40], seconds=0.25,
+                                                    repeat=1, warmup=0.1)
+        memory, timeline = await peers.memory_comparison(
+            urls, [{**s, "n": 100, "workers": 1} for s in setups])
+    finally:
+        for name in names.values():
+            await scenarios.close_bench(name)
+    knobs = {"jobqueue": ("--batch-size 50", "batch 50"), "pgqueuer": ("--batch-size 7", "batch 7"),
+             "procrastinate": ("--concurrency 3", "concurrency 3")}
+    for rows in (drains, latency, memory):
+        assert {r["system"] for r in rows} == set(knobs)  # something to check, every system
+        for row in rows:
+            flag, said = knobs[row["system"]]
+            assert flag in row["argv"]  # the knob reached the processes' command line
+            workers = row.get("workers", 1) if rows is drains else 1
+            assert row["settings"] == peers.label(row["system"], row["argv"], workers)
+            assert said in row["settings"]
+    assert [r["batch_size"] for r in drains if r["system"] == "jobqueue"] == [50]
+    assert {p["settings"] for p in timeline} == {r["settings"] for r in memory}
