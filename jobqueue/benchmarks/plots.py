@@ -48,6 +48,10 @@ def _range(row: pd.Series) -> str:
 #: How a drain row is flagged wherever it is shown.
 SHORT_FLAG = f"drain under {MIN_DRAIN_SECONDS:g} s"
 PARTIAL_FLAG = "not every worker took part"
+#: A shared drain whose last worker joined later than this share of the
+#: drain is flagged: for that long, fewer workers drained than it says.
+LATE_SHARE = 0.1
+LATE_FLAG = f"a worker joined after {LATE_SHARE:.0%} of the drain"
 
 
 def counted(df: pd.DataFrame) -> pd.DataFrame:
@@ -67,7 +71,8 @@ def drain_summary(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     long they lasted and how many jobs each drained, the workers that took
     jobs, and the flags: `short` (some drain lasted under MIN_DRAIN_SECONDS),
     `partial` (in some run fewer workers took jobs than the mode puts to
-    work: all W in shared mode)."""
+    work, all W in shared mode, or the last of them joined after LATE_SHARE
+    of the drain)."""
     df = counted(df).assign(expected=lambda d: _expected_workers(d))
     s = spread(df, by, "jobs_per_sec")
     g = df.groupby(by, sort=True)
@@ -79,9 +84,14 @@ def drain_summary(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
         "partial_runs": df.assign(p=df["workers_used"] < df["expected"]).groupby(
             by, sort=True)["p"].sum().astype(int),
         "expected": g["expected"].first()}).reset_index()
+    skew = df["start_skew_s"] if "start_skew_s" in df else pd.Series(0.0, index=df.index)
+    late = df.assign(skew=skew, late=skew > LATE_SHARE * df["seconds"]).groupby(by, sort=True)
+    extra = extra.merge(pd.DataFrame({"skew_max": late["skew"].max(),
+                                      "late_runs": late["late"].sum().astype(int)}
+                                     ).reset_index(), on=by)
     s = s.merge(extra, on=by)
     s["short"] = s["short_runs"] > 0
-    s["partial"] = s["partial_runs"] > 0
+    s["partial"] = (s["partial_runs"] > 0) | (s["late_runs"] > 0)
     return s
 
 
@@ -93,8 +103,10 @@ def _flags(row: pd.Series) -> str:
     flags = []
     if row["short"]:
         flags.append(f"⚠ {SHORT_FLAG} ({row['short_runs']} of {row['runs']})")
-    if row["partial"]:
+    if row["partial_runs"]:
         flags.append(f"⚠ {PARTIAL_FLAG} ({row['partial_runs']} of {row['runs']} runs)")
+    if row["late_runs"]:
+        flags.append(f"⚠ {LATE_FLAG} ({row['late_runs']} of {row['runs']} runs)")
     return "; ".join(flags)
 
 
@@ -107,6 +119,7 @@ def _drain_columns(s: pd.DataFrame) -> pd.DataFrame:
         "jobs per drain": [_span(a, b) for a, b in zip(s["n_min"], s["n_max"], strict=True)],
         "workers used": [_span(a, b, "d") for a, b in
                          zip(s["used_min"].astype(int), s["used_max"].astype(int), strict=True)],
+        "last joined (s)": s["skew_max"].map(lambda v: f"{v:.2f}"),
         "runs": s["runs"], "flags": s.apply(_flags, axis=1)})
 
 
@@ -164,7 +177,7 @@ def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
     s = drain_summary(df, ["n"])
     medians = counted(df).groupby("n").median(numeric_only=True).reset_index(drop=True)
     table = pd.DataFrame({"jobs in table": s["n"]})
-    cols = _drain_columns(s).drop(columns=["jobs per drain", "workers used"])
+    cols = _drain_columns(s).drop(columns=["jobs per drain", "workers used", "last joined (s)"])
     table = pd.concat([table, cols.drop(columns=["runs", "flags"])], axis=1)
     table["dead tuples after"] = medians["dead_tuples"]
     if "autovacuums" in medians:  # results written before these columns existed lack them

@@ -47,9 +47,9 @@ def _throughput(results: Path) -> str:
     df, _ = load("throughput_matrix", results)
     kept = plots.counted(df)
     sized = kept["n"].nunique() > 1
-    size = (f"each drain sized to last about a second and a half (the jobs per drain are in "
-            f"the table; a drain under {plots.MIN_DRAIN_SECONDS:g} s is run again bigger, "
-            "and flagged if it still is)" if sized else
+    size = (f"each drain sized from the rate the one before it measured, so that it lasts "
+            f"{plots.MIN_DRAIN_SECONDS:g} s or more (the jobs per drain are in the table; a "
+            "shorter one is run again bigger, and flagged if it still is)" if sized else
             f"{int(kept['n'].iloc[0]):,} jobs per drain")
     lines = [
         "## Throughput", "",
@@ -57,7 +57,8 @@ def _throughput(results: Path) -> str:
         f"{int(kept.groupby(['mode', 'workers', 'batch_size']).size().max())} runs (min–max), "
         "timed from the first claim to the last completion. *workers used* is how many worker "
         "processes took jobs in the runs (in exclusive mode one works and the others stand by; "
-        "in shared mode all should).", "",
+        "in shared mode all should); *last joined* is how long after the first claim the last "
+        "of them made its own first one, the time in which fewer workers drained.", "",
         plots.markdown(plots.throughput_table(df)), "",
         _figure(plots.throughput_plot(df), "throughput", results), "",
         *throughput_findings(df),
@@ -676,6 +677,7 @@ def _peers_memory(results: Path) -> list[str]:
 
 def _comparison(results: Path) -> str:
     df, _ = load("throughput_matrix", results)
+    df = plots.counted(df)
     one = df[(df["mode"] == "exclusive") & (df["workers"] == 1)]
     per_job = plots.spread(one, ["batch_size"], "jobs_per_sec")
     batch1 = per_job[per_job["batch_size"] == per_job["batch_size"].min()]["median"].iloc[0]

@@ -284,6 +284,12 @@ def test_no_best_claim_from_a_run_where_a_worker_sat_out() -> None:
     assert table.loc[("shared", 2, 1000), "workers used"] == "1–2"
     assert "drain under 1 s (1 of 3)" in table.loc[("shared", 2, 1), "flags"]
     assert table.loc[("exclusive", 2, 1), "flags"] == ""  # one active worker is the design
+    # Every worker took part, but the second joined a third into the drain.
+    late = _matrix({("shared", 2, 100): [(20_000, 2, 1.5)]}).assign(start_skew_s=0.5)
+    assert "a worker joined after 10% of the drain (1 of 1 runs)" in plots.throughput_table(
+        late)["flags"].iloc[0]
+    assert plots.best_setting(late) is None
+    assert plots.best_setting(late.assign(start_skew_s=0.05)) is not None
     best = plots.best_setting(df)
     assert best is not None and (best["mode"], best["workers"], best["batch_size"]) == (
         "shared", 1, 1000)
