@@ -10,6 +10,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import ScalarFormatter
 
 from jobqueue.benchmarks.scenarios import MIN_DRAIN_SECONDS
 
@@ -319,15 +320,16 @@ def latency_plot(df: pd.DataFrame, samples: pd.DataFrame) -> plt.Figure:
         unmet = have[~have["met"]]
         ax.plot(unmet["achieved"], unmet[col], style[0], color="white", markeredgecolor=color,
                 markersize=8)
-    for _, row in st[~st["met"]].iterrows():
+    for i, (_, row) in enumerate(st[~st["met"]].iterrows()):
         ax.annotate(f"target {row['rate']:,.0f}", (row["achieved"], row["complete_p50_ms"]),
-                    textcoords="offset points", xytext=(4, -12), fontsize=7)
+                    textcoords="offset points", xytext=(4, -12 - 9 * i), fontsize=7)
     if (~st["met"]).any():
         ax.plot([], [], "o", color="white", markeredgecolor="gray",
                 label=f"rate not met (achieved < {MET_SHARE:.0%} of target)")
     if ax.has_data():
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
     else:
         ax.text(0.5, 0.5, "no samples after the warm-up", ha="center", transform=ax.transAxes)
     ax.set_xlabel("arrival rate achieved (jobs/s, open loop)")

@@ -310,9 +310,8 @@ def soak_sentence(results: Path = RESULTS) -> str:
     row = summary.iloc[0]
     shape = ("still climbing at the end"
              if _climbing(row["dead_peak_last"], row["dead_peak_middle"]) else "in a saw-tooth")
-    minutes = row["seconds"] / 60
-    length = f"{minutes:g}-minute" if minutes == int(minutes) else f"{row['seconds']:,.0f}-second"
-    return (f"a {length} run at {row['rate']:,.0f} jobs/s keeps dead row versions {shape} "
+    return (f"a run of {row['seconds']:,.0f} s at {row['rate']:,.0f} jobs/s keeps dead row "
+            f"versions {shape} "
             f"(peaks {row['dead_peak_middle']:,.0f} in its second third, then "
             f"{row['dead_peak_last']:,.0f}) and the worker at {row['rss_mib_end']:,.0f} MiB")
 

@@ -332,7 +332,7 @@ def test_work_and_soak_sentences_follow_the_data(tmp_path: Path) -> None:
     path.rename(tmp_path / path.name)
     sentence = report.soak_sentence(tmp_path)
     assert "peaks 63,654 in its second third, then 72,695" in sentence
-    assert "a 2-minute run at 1,000 jobs/s" in sentence and "8,000" not in sentence
+    assert "a run of 120 s at 1,000 jobs/s" in sentence and "8,000" not in sentence
     findings = " ".join(report.soak_findings(pd.Series(summary)))
     assert "a saw-tooth, not a climb" in findings  # 72,695 is under 1.5 × 63,654
     climbing = pd.Series({**summary, "dead_peak_last": 120_000.0})
