@@ -235,7 +235,8 @@ def work_findings(wdf: pd.DataFrame, matrix: pd.DataFrame | None = None) -> list
         lanes = int(row["workers"]) * lanes_each
         bound = lanes * 100
         lines.append(
-            f"`{row['handler']}` ({_drain_setting(row)}, {lanes_each} lane(s) each) drains "
+            f"`{row['handler']}` ({_drain_setting(row)}, {lanes_each} lane"
+            f"{'s' if lanes_each > 1 else ''} per worker) drains "
             f"{row['median']:,.0f} jobs/s, {row['median'] / bound:.0%} of the {bound:,} jobs/s "
             f"that {lanes} lane{'s' if lanes > 1 else ''} running 10 ms jobs one after another "
             "allow: for waiting jobs, lanes (`--concurrency`) and processes are the knob, not "
