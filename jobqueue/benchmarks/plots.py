@@ -3,12 +3,16 @@ saves them as PNGs for BENCHMARKS.md. Each takes the DataFrame `load()` gives.""
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import ScalarFormatter
+
+from jobqueue.benchmarks.scenarios import MIN_DRAIN_SECONDS
 
 RATE = "jobs/s"
 
@@ -42,18 +46,112 @@ def _range(row: pd.Series) -> str:
 
 # -- throughput -----------------------------------------------------------------
 
+#: How a drain row is flagged wherever it is shown.
+SHORT_FLAG = f"drain under {MIN_DRAIN_SECONDS:g} s"
+PARTIAL_FLAG = "not every worker took part"
+#: A shared drain whose last worker joined later than this share of the
+#: drain is flagged: for that long, fewer workers drained than it says.
+LATE_SHARE = 0.1
+LATE_FLAG = f"a worker joined after {LATE_SHARE:.0%} of the drain"
+
+
+def counted(df: pd.DataFrame) -> pd.DataFrame:
+    """The drains the figures use: without the sizing runs `drain_matrix`
+    ran again bigger (results written before sizing kept every row)."""
+    return df[df["counted"].astype(bool)] if "counted" in df.columns else df
+
+
+def _expected_workers(df: pd.DataFrame) -> pd.Series:
+    """Workers that should take jobs: all of them in shared mode, the
+    active one in exclusive mode (the others stand by)."""
+    return df["workers"].where(df["mode"] == "shared", 1)
+
+
+def drain_summary(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per setting: median, min and max jobs/s of the counted drains, how
+    long they lasted and how many jobs each drained, the workers that took
+    jobs, and the flags: `short` (some drain lasted under MIN_DRAIN_SECONDS),
+    `partial` (in some run fewer workers took jobs than the mode puts to
+    work, all W in shared mode, or the last of them joined after LATE_SHARE
+    of the drain)."""
+    df = counted(df).assign(expected=lambda d: _expected_workers(d))
+    s = spread(df, by, "jobs_per_sec")
+    g = df.groupby(by, sort=True)
+    extra = pd.DataFrame({
+        "seconds_min": g["seconds"].min(), "seconds_max": g["seconds"].max(),
+        "n_min": g["n"].min(), "n_max": g["n"].max(),
+        "used_min": g["workers_used"].min(), "used_max": g["workers_used"].max(),
+        "short_runs": g["seconds"].apply(lambda v: int((v < MIN_DRAIN_SECONDS).sum())),
+        "partial_runs": df.assign(p=df["workers_used"] < df["expected"]).groupby(
+            by, sort=True)["p"].sum().astype(int),
+        "expected": g["expected"].first()}).reset_index()
+    skew = df["start_skew_s"] if "start_skew_s" in df else pd.Series(0.0, index=df.index)
+    late = df.assign(skew=skew, late=skew > LATE_SHARE * df["seconds"]).groupby(by, sort=True)
+    extra = extra.merge(pd.DataFrame({"skew_max": late["skew"].max(),
+                                      "late_runs": late["late"].sum().astype(int)}
+                                     ).reset_index(), on=by)
+    s = s.merge(extra, on=by)
+    s["short"] = s["short_runs"] > 0
+    s["partial"] = (s["partial_runs"] > 0) | (s["late_runs"] > 0)
+    return s
+
+
+def _span(low: float, high: float, fmt: str = ",.0f") -> str:
+    return format(low, fmt) if low == high else f"{low:{fmt}}–{high:{fmt}}"
+
+
+def _flags(row: pd.Series) -> str:
+    flags = []
+    if row["short"]:
+        flags.append(f"⚠ {SHORT_FLAG} ({row['short_runs']} of {row['runs']})")
+    if row["partial_runs"]:
+        flags.append(f"⚠ {PARTIAL_FLAG} ({row['partial_runs']} of {row['runs']} runs)")
+    if row["late_runs"]:
+        flags.append(f"⚠ {LATE_FLAG} ({row['late_runs']} of {row['runs']} runs)")
+    return "; ".join(flags)
+
+
+def _drain_columns(s: pd.DataFrame) -> pd.DataFrame:
+    """The columns every drain table shows after its setting's."""
+    return pd.DataFrame({
+        f"{RATE}, median (min–max)": s.apply(_range, axis=1),
+        "drain s (min–max)": [_span(a, b, ".2f") for a, b in
+                              zip(s["seconds_min"], s["seconds_max"], strict=True)],
+        "jobs per drain": [_span(a, b) for a, b in zip(s["n_min"], s["n_max"], strict=True)],
+        "workers used": [_span(a, b, "d") for a, b in
+                         zip(s["used_min"].astype(int), s["used_max"].astype(int), strict=True)],
+        "last joined (s)": s["skew_max"].map(lambda v: f"{v:.2f}"),
+        "runs": s["runs"], "flags": s.apply(_flags, axis=1)})
+
 
 def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Median jobs/s (min–max) by batch size, for each mode × worker count."""
-    s = spread(df, ["mode", "workers", "batch_size"], "jobs_per_sec")
-    s["cell"] = s.apply(_range, axis=1)
-    table = s.pivot(index="batch_size", columns=["mode", "workers"], values="cell")
-    table.columns = [f"{mode}, {w} worker{'s' if w > 1 else ''}" for mode, w in table.columns]
-    return table.reset_index().rename(columns={"batch_size": "batch size"})
+    """One row per mode × worker count × batch size: median jobs/s (min–max)
+    over the counted drains, their length, their size, the workers that
+    took jobs (`workers_used`), and the flags."""
+    s = drain_summary(df, ["mode", "workers", "batch_size"])
+    head = pd.DataFrame({"mode": s["mode"], "workers": s["workers"],
+                         "batch size": s["batch_size"]})
+    return pd.concat([head, _drain_columns(s)], axis=1)
+
+
+def best_setting(df: pd.DataFrame) -> pd.Series | None:
+    """The setting with the highest median among those that carry no flag
+    (every drain long enough, every worker the mode puts to work took jobs
+    in every run); None if every setting is flagged."""
+    s = drain_summary(df, ["mode", "workers", "batch_size"])
+    clean = s[~s["short"] & ~s["partial"]]
+    return None if clean.empty else clean.loc[clean["median"].idxmax()]
+
+
+def _mark_flagged(ax: Any, s: pd.DataFrame, x: str) -> None:
+    flagged = s[s["short"] | s["partial"]]
+    if len(flagged):
+        ax.plot(flagged[x], flagged["median"], "o", markersize=13, markerfacecolor="none",
+                markeredgecolor="red", label="flagged (see the table)")
 
 
 def throughput_plot(df: pd.DataFrame) -> plt.Figure:
-    s = spread(df, ["mode", "workers", "batch_size"], "jobs_per_sec")
+    s = drain_summary(df, ["mode", "workers", "batch_size"])
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for (mode, workers), g in s.groupby(["mode", "workers"]):
         ax.errorbar(g["batch_size"], g["median"],
@@ -61,11 +159,12 @@ def throughput_plot(df: pd.DataFrame) -> plt.Figure:
                     marker="o" if mode == "shared" else "s", capsize=3,
                     linestyle="-" if mode == "shared" else "--",
                     label=f"{mode}, {workers} worker{'s' if workers > 1 else ''}")
+    _mark_flagged(ax, s, "batch_size")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("batch size (jobs per transaction)")
     ax.set_ylabel(f"drain throughput ({RATE}, median, min–max)")
-    ax.set_title("Draining no-op jobs")
+    ax.set_title(f"Draining {WORKLOADS.get(workload(df), workload(df))}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -73,29 +172,40 @@ def throughput_plot(df: pd.DataFrame) -> plt.Figure:
 
 
 def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
-    s = spread(df, ["n"], "jobs_per_sec")
-    medians = df.groupby("n").median(numeric_only=True).reset_index(drop=True)
-    table = pd.DataFrame({"jobs in table": s["n"], f"{RATE} (min–max)": s.apply(_range, axis=1),
-                          "dead tuples after": medians["dead_tuples"]})
-    if "wal_mib" in medians:  # results written before these columns existed lack them
+    """Per table size: jobs/s, the drain's length, and what the drain left
+    and cost the server: `n_dead_tup` when it ended, autovacuum runs during
+    it, WAL, full-page images and checkpoints (medians over the runs)."""
+    s = drain_summary(df, ["n"])
+    medians = counted(df).groupby("n").median(numeric_only=True).reset_index(drop=True)
+    table = pd.DataFrame({"jobs in table": s["n"]})
+    cols = _drain_columns(s).drop(columns=["jobs per drain", "workers used", "last joined (s)"])
+    table = pd.concat([table, cols.drop(columns=["runs", "flags"])], axis=1)
+    table["dead tuples after"] = medians["dead_tuples"]
+    if "autovacuums" in medians:  # results written before these columns existed lack them
+        table["autovacuums during"] = medians["autovacuums"]
+    if "wal_mib" in medians:
         table["WAL MiB"] = medians["wal_mib"].round(0)
         table["full-page images"] = medians["full_page_images"]
         table["checkpoints"] = medians["checkpoints"]
-    table["runs"] = s["runs"]
+    table["runs"] = cols["runs"]
+    table["flags"] = cols["flags"]
     return table
 
 
 def table_size_plot(df: pd.DataFrame) -> plt.Figure:
-    s = spread(df, ["n"], "jobs_per_sec")
+    s = drain_summary(df, ["n"])
     fig, ax = plt.subplots(figsize=(6, 3.8))
     ax.errorbar(s["n"], s["median"], yerr=[s["median"] - s["min"], s["max"] - s["median"]],
                 marker="o", capsize=3)
+    _mark_flagged(ax, s, "n")
     ax.set_xscale("log")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("jobs in the table at the start")
     ax.set_ylabel(f"drain throughput ({RATE})")
     ax.set_title("Does cost grow with the table?")
     ax.grid(True, which="both", alpha=0.3)
+    if s["short"].any() or s["partial"].any():
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -133,45 +243,111 @@ def soak_plot(timeline: pd.DataFrame) -> plt.Figure:
 
 
 def work_table(df: pd.DataFrame) -> pd.DataFrame:
-    s = spread(df, ["handler", "mode", "workers"], "jobs_per_sec")
-    s[f"{RATE} (min–max)"] = s.apply(_range, axis=1)
-    return s[["handler", "mode", "workers", f"{RATE} (min–max)", "runs"]]
+    """Jobs that do something, per handler × mode × worker count × batch size."""
+    s = drain_summary(df, ["handler", "mode", "workers", "batch_size"])
+    head = s[["handler", "mode", "workers", "batch_size"]].rename(
+        columns={"batch_size": "batch size"})
+    return pd.concat([head, _drain_columns(s)], axis=1)
 
 
 # -- latency ------------------------------------------------------------------------
 
+#: An arrival rate counts as met when the producer reached this share of it.
+MET_SHARE = 0.95
+QUANTILE_NAMES = {"p50": 0.5, "p95": 0.95, "p99": 0.99, "p99_9": 0.999}
 
-def latency_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Medians over runs of each percentile, per arrival rate."""
-    cols = [c for c in df.columns if c.startswith(("start_p", "complete_p"))]
-    med = df.groupby("rate")[["achieved_rate", *cols]].median().reset_index()
-    out = pd.DataFrame({"arrivals (jobs/s)": med["rate"],
-                        "achieved": med["achieved_rate"]})
+
+def min_samples(q: float) -> int:
+    """Samples a q-quantile needs before it is more than the largest value
+    or an interpolation past it: 1 / (1 - q) (p99: 100, p99.9: 1,000)."""
+    return math.ceil(round(1 / (1 - q), 9))
+
+
+def latency_stats(df: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """Per arrival rate: the rate achieved (median over runs) and whether it
+    met the target (MET_SHARE), and each quantile of enqueue → start and
+    enqueue → completion over the samples of every run pooled, the warm-up
+    left out; NaN where the pooled samples are too few for that quantile
+    (`min_samples`)."""
+    steady = samples[~samples["warmup"].astype(bool)] if "warmup" in samples else samples
+    g = df.groupby("rate")
+    out = pd.DataFrame({"achieved": g["achieved_rate"].median(), "runs": g.size(),
+                        "warmup_s": g["warmup_s"].max() if "warmup_s" in df else 0.0})
+    if "jobs_per_commit" in df:
+        out["jobs_per_commit"] = g["jobs_per_commit"].median()
+    out["samples"] = steady.groupby("rate").size().reindex(out.index).fillna(0).astype(int)
+    out["met"] = out["achieved"] >= MET_SHARE * out.index.to_series()
+    for prefix, column in (("start", "to_start_ms"), ("complete", "to_complete_ms")):
+        by = steady.groupby("rate")[column]
+        for name, q in QUANTILE_NAMES.items():
+            values = by.quantile(q).reindex(out.index)
+            out[f"{prefix}_{name}_ms"] = values.where(out["samples"] >= min_samples(q))
+    return out.reset_index()
+
+
+def _ms(v: float) -> str:
+    return "–" if pd.isna(v) else f"{v:,.1f}"
+
+
+def latency_table(df: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """`latency_stats` as the notebook and BENCHMARKS.md show it: "–" for a
+    quantile the samples cannot carry, ⚠ beside an arrival rate not met."""
+    st = latency_stats(df, samples)
+    out = pd.DataFrame({
+        "arrivals (jobs/s)": st["rate"],
+        "achieved (jobs/s)": [f"{a:,.0f}" + ("" if m else f" ⚠ under {MET_SHARE:.0%}")
+                              for a, m in zip(st["achieved"], st["met"], strict=True)],
+        "runs": st["runs"], "samples (pooled)": st["samples"]})
+    if "jobs_per_commit" in st:
+        out["jobs per commit"] = st["jobs_per_commit"].map(lambda v: f"{v:,.1f}")
     for label, prefix in (("to start", "start_"), ("to completion", "complete_")):
-        for q in ("p50", "p95", "p99", "p99_9"):
-            out[f"{label} {q.replace('_', '.')} (ms)"] = med[f"{prefix}{q}_ms"]
+        for q in QUANTILE_NAMES:
+            out[f"{label} {q.replace('_', '.')} (ms)"] = st[f"{prefix}{q}_ms"].map(_ms)
     return out
 
 
-def latency_plot(df: pd.DataFrame) -> plt.Figure:
-    med = df.groupby("rate").median(numeric_only=True).reset_index()
+def latency_plot(df: pd.DataFrame, samples: pd.DataFrame) -> plt.Figure:
+    """Enqueue → completion quantiles against the rate achieved (not the
+    target); an unmet rate is drawn hollow and labelled with its target."""
+    st = latency_stats(df, samples)
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for q, style in (("p50", "o-"), ("p99", "s-"), ("p99_9", "^-")):
-        ax.plot(med["rate"], med[f"complete_{q}_ms"], style, label=f"{q.replace('_', '.')}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arrival rate (jobs/s, open loop)")
+    for (q, style), color in zip((("p50", "o-"), ("p99", "s-"), ("p99_9", "^-")),
+                                 ("C0", "C1", "C2"), strict=True):
+        col = f"complete_{q}_ms"
+        have = st[st[col].notna()]
+        ax.plot(have["achieved"], have[col], style, color=color,
+                label=f"{q.replace('_', '.')}")
+        unmet = have[~have["met"]]
+        ax.plot(unmet["achieved"], unmet[col], style[0], color="white", markeredgecolor=color,
+                markersize=8)
+    for i, (_, row) in enumerate(st[~st["met"]].iterrows()):
+        ax.annotate(f"target {row['rate']:,.0f}", (row["achieved"], row["complete_p50_ms"]),
+                    textcoords="offset points", xytext=(4, -12 - 9 * i), fontsize=7)
+    if (~st["met"]).any():
+        ax.plot([], [], "o", color="white", markeredgecolor="gray",
+                label=f"rate not met (achieved < {MET_SHARE:.0%} of target)")
+    if ax.has_data():
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+    else:
+        ax.text(0.5, 0.5, "no samples after the warm-up", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("arrival rate achieved (jobs/s, open loop)")
     ax.set_ylabel("enqueue → completion (ms)")
-    ax.set_title("Latency under load")
+    warm = float(st["warmup_s"].max())
+    ax.set_title("Latency under load" + (f" (first {warm:g} s of each run left out)"
+                                         if warm > 0 else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
 def latency_histogram(samples: pd.DataFrame) -> plt.Figure:
+    """The distribution per arrival rate, the warm-up left out."""
+    steady = samples[~samples["warmup"].astype(bool)] if "warmup" in samples else samples
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    positive = samples[samples["to_complete_ms"] > 0]
+    positive = steady[steady["to_complete_ms"] > 0]
     low, high = positive["to_complete_ms"].min(), positive["to_complete_ms"].max()
     bins = pd.Series([low * (high / low) ** (i / 60) for i in range(61)]) if high > low else 30
     for rate, g in positive.groupby("rate"):

@@ -46,60 +46,156 @@ def _setup(context: dict[str, str]) -> str:
 
 def _throughput(results: Path) -> str:
     df, _ = load("throughput_matrix", results)
-    s = plots.spread(df, ["mode", "workers", "batch_size"], "jobs_per_sec")
-    best = s.loc[s["median"].idxmax()]
-    one = s[(s["mode"] == "exclusive") & (s["workers"] == 1)].set_index("batch_size")["median"]
-    gain = one.max() / one.min() if one.min() > 0 else float("nan")
+    kept = plots.counted(df)
+    sized = kept["n"].nunique() > 1
+    size = (f"each drain sized from the rate the one before it measured, so that it lasts "
+            f"{plots.MIN_DRAIN_SECONDS:g} s or more (the jobs per drain are in the table; a "
+            "shorter one is run again bigger, and flagged if it still is)" if sized else
+            f"{int(kept['n'].iloc[0]):,} jobs per drain")
     lines = [
         "## Throughput", "",
-        f"Draining {int(df['n'].iloc[0]):,} no-op jobs already in the table; median jobs/s of "
-        f"{int(s['runs'].max())} runs (min–max), timed from the first claim to the last "
-        "completion.", "",
+        f"Draining no-op jobs already in the table, {size}; median jobs/s of "
+        f"{int(kept.groupby(['mode', 'workers', 'batch_size']).size().max())} runs (min–max), "
+        "timed from the first claim to the last completion. *workers used* is how many worker "
+        "processes took jobs in the runs (in exclusive mode one works and the others stand by; "
+        "in shared mode all should); *last joined* is how long after the first claim the last "
+        "of them made its own first one, the time in which fewer workers drained.", "",
         plots.markdown(plots.throughput_table(df)), "",
         _figure(plots.throughput_plot(df), "throughput", results), "",
-        f"The batch size is the lever: one exclusive worker goes {gain:,.0f}× faster from "
-        f"batch {int(one.idxmin())} to batch {int(one.idxmax())}, because a durable commit is "
-        "paid once per batch instead of once per job.",
-        f"The best setting here is {best['mode']} mode, {int(best['workers'])} worker(s), batch "
-        f"{int(best['batch_size'])}: {best['median']:,.0f} jobs/s. {_modes_sentence(s)}",
+        *throughput_findings(df),
     ]
     if (results / "throughput_table_size.csv").exists():
         sdf, _ = load("throughput_table_size", results)
-        ss = plots.spread(sdf, ["n"], "jobs_per_sec")
-        # Compared with 10,000 jobs when measured (the smallest tables finish
-        # in tens of milliseconds, where start-up noise dominates).
-        base_rows = ss[ss["n"] == 10_000]
-        first = base_rows.iloc[0] if len(base_rows) else ss.iloc[0]
-        last = ss.iloc[-1]
-        change = (last["median"] / first["median"] - 1) * 100
-        before_last = ss.iloc[-2] if len(ss) > 2 else first
-        lines += [
-            "", "### Does cost grow with the table?", "",
-            plots.markdown(plots.table_size_table(sdf)), "",
-            _figure(plots.table_size_plot(sdf), "table_size", results), "",
-            f"From {int(first['n']):,} to {int(last['n']):,} jobs in the table, throughput "
-            f"changes by {change:+.0f} % (from {int(before_last['n']):,}: "
-            f"{(last['median'] / before_last['median'] - 1) * 100:+.0f} %). "
-            + _checkpoint_sentence(sdf, int(last["n"]))
-            + "The claim reads the partial index of pickable jobs, so its cost does not depend "
-            "on finished rows;",
-            "each drained job leaves a dead row version behind (two if its batch was claimed "
-            "rather than quick) that autovacuum must clean, which is what the last column "
-            "counts.",
-        ]
+        lines += ["", "### Does cost grow with the table?", "",
+                  plots.markdown(plots.table_size_table(sdf)), "",
+                  _figure(plots.table_size_plot(sdf), "table_size", results), "",
+                  " ".join(table_size_findings(sdf))]
     if (results / "throughput_soak.csv").exists():
         lines += _soak(results)
     if (results / "throughput_work.csv").exists():
         wdf, _ = load("throughput_work", results)
-        lines += [
-            "", "### Jobs that do something", "",
-            plots.markdown(plots.work_table(wdf)), "",
-            "`write_row` inserts one row through the handler's session (it commits with the "
-            "job); `sleep_10ms` waits 10 ms (I/O).",
-            "A lane runs its batch's handlers one after another, so sleeping jobs go as fast "
-            "as lanes × 100 jobs/s: concurrency, not batching, is the knob for them.",
-        ]
+        lines += ["", "### Jobs that do something", "",
+                  plots.markdown(plots.work_table(wdf)), "",
+                  *work_findings(wdf, df)]
     return "\n".join(lines)
+
+
+def _drain_setting(row: pd.Series) -> str:
+    """`shared mode, 2 workers, batch 1,000`."""
+    return (f"{row['mode']} mode, {int(row['workers'])} worker{'s' if row['workers'] > 1 else ''}"
+            f", batch {int(row['batch_size']):,}")
+
+
+def _apart(a: pd.Series, b: pd.Series) -> bool:
+    """True when two settings' min–max ranges do not overlap: a difference
+    beyond the run-to-run spread."""
+    return bool(a["min"] > b["max"] or b["min"] > a["max"])
+
+
+def throughput_findings(df: pd.DataFrame) -> list[str]:
+    """The sentences under the throughput table, computed from its drains:
+    what the batch size does, the fastest unflagged setting, what extra
+    processes do in each mode, and which settings are flagged."""
+    s = plots.drain_summary(df, ["mode", "workers", "batch_size"])
+    lines = []
+    one = s[(s["mode"] == "exclusive") & (s["workers"] == 1)].set_index("batch_size")
+    if len(one) > 1:
+        lo, hi = one["median"].idxmin(), one["median"].idxmax()
+        lines.append(
+            f"One exclusive worker drains {one.loc[hi, 'median'] / one.loc[lo, 'median']:,.0f}× "
+            f"as fast at batch {int(hi):,} ({one.loc[hi, 'median']:,.0f} jobs/s) as at batch "
+            f"{int(lo):,} ({one.loc[lo, 'median']:,.0f}): a durable commit is paid once per "
+            "batch instead of once per job.")
+    best = plots.best_setting(df)
+    if best is None:
+        lines.append("Every setting is flagged, so none is named the best.")
+    else:
+        faster = s[(s["median"] > best["median"]) & (s["short"] | s["partial"])]
+        lines.append(
+            f"The fastest setting whose drains all lasted {plots.MIN_DRAIN_SECONDS:g} s or more "
+            f"and in which every worker the mode puts to work took jobs in every run: "
+            f"{_drain_setting(best)}, {best['median']:,.0f} jobs/s ({best['min']:,.0f}–"
+            f"{best['max']:,.0f}, {int(best['runs'])} runs, {int(best['used_min'])} of "
+            f"{int(best['workers'])} worker{'s' if best['workers'] > 1 else ''} taking jobs)"
+            + ("; higher medians came only from flagged settings ("
+               + ", ".join(f"{_drain_setting(r)}: {r['median']:,.0f}" for _, r in faster.iterrows())
+               + ")." if len(faster) else "."))
+    lines += [x for x in (_modes_sentence(s),) if x]
+    flagged = s[s["short"] | s["partial"]]
+    if flagged.empty:
+        lines.append(f"No setting is flagged: every counted drain lasted "
+                     f"{plots.MIN_DRAIN_SECONDS:g} s or more, and in every shared run every "
+                     "worker took jobs.")
+    else:
+        lines.append("Flagged: " + "; ".join(f"{_drain_setting(r)} ({plots._flags(r)})"
+                                              for _, r in flagged.iterrows()) + ".")
+    return lines
+
+
+def _modes_sentence(s: pd.DataFrame) -> str:
+    """What extra processes bring in each mode, batch size by batch size,
+    against one process of the same mode; whether the difference is beyond
+    the run-to-run spread (the min–max ranges do not overlap); and how many
+    processes took jobs."""
+    parts = []
+    for mode in ("exclusive", "shared"):
+        at = s[s["mode"] == mode].set_index(["workers", "batch_size"])
+        for w in sorted({w for w, _ in at.index if w > 1}):
+            cells = []
+            for batch in sorted(b for ww, b in at.index if ww == w):
+                if (1, batch) not in at.index:
+                    continue
+                many, single = at.loc[(w, batch)], at.loc[(1, batch)]
+                ratio = many["median"] / single["median"]
+                verdict = ("within the spread" if not _apart(many, single)
+                           else "faster" if ratio > 1 else "slower")
+                cells.append(f"{ratio:.2f}× at batch {int(batch):,} ({verdict})")
+            if not cells:
+                continue
+            rows = at.xs(w, level="workers")
+            low, high = int(rows["used_min"].min()), int(rows["used_max"].max())
+            used = ("one process took every job in every run" if high == 1 else
+                    f"all {w} processes took jobs in every run" if low == w else
+                    f"{low}–{high} of the {w} processes took jobs")
+            parts.append(f"{mode} mode, {w} processes against one: {', '.join(cells)}; "
+                         f"{used}")
+    if not parts:
+        return ""
+    return ("Extra processes, median against median (\"within the spread\": the min–max "
+            "ranges overlap): " + "; ".join(parts) + ".")
+
+
+def table_size_findings(sdf: pd.DataFrame) -> list[str]:
+    """The sentences under the table-size drains, computed from them."""
+    ss = plots.drain_summary(sdf, ["n"])
+    first, last = ss.iloc[0], ss.iloc[-1]
+    change = (last["median"] / first["median"] - 1) * 100
+    apart = _apart(first, last)
+    lines = [f"From {int(first['n']):,} to {int(last['n']):,} jobs in the table, the median "
+             f"throughput changes by {change:+.0f} % ("
+             + ("beyond the run-to-run spread: the min–max ranges do not overlap)."
+                if apart else "within the run-to-run spread: the min–max ranges overlap).")]
+    if not apart:
+        lines.append("The claim reads the partial index of pickable jobs, so finished rows do "
+                     "not slow it down.")
+    checkpoint = _checkpoint_sentence(sdf, int(last["n"]))
+    if checkpoint:
+        lines.append(checkpoint.strip())
+    kept = plots.counted(sdf)
+    quiet = kept[kept["autovacuums"] == 0] if "autovacuums" in kept else kept
+    if len(quiet):
+        per_job = (quiet["dead_tuples"] / quiet["n"]).median()
+        lines.append(
+            f"*dead tuples after* is the jobs table's `n_dead_tup` when the drain ended (the "
+            "statistics can lag a second behind): in the drains autovacuum did not run "
+            f"during, {per_job:.2f} per job drained, the row version each completion left "
+            "for autovacuum to clean.")
+    if "autovacuums" in kept and (kept["autovacuums"] > 0).any():
+        ran = kept[kept["autovacuums"] > 0]
+        lines.append(f"Autovacuum ran during {len(ran)} of {len(kept)} drains (of "
+                     + ", ".join(f"{n:,}" for n in sorted(set(ran["n"])))
+                     + " jobs), which leaves fewer dead tuples behind.")
+    return lines
 
 
 def _checkpoint_sentence(sdf: pd.DataFrame, n: int) -> str:
@@ -112,16 +208,64 @@ def _checkpoint_sentence(sdf: pd.DataFrame, n: int) -> str:
         return ""
     images = big["full_page_images"].median()
     return (f"Draining {n:,} jobs writes {big['wal_mib'].median():,.0f} MiB of WAL (median), "
-            "more than `max_wal_size` (1 GB by default) lets pass between checkpoints: a "
-            f"checkpoint falls inside it, and the pages touched after it are logged whole "
+            "and a checkpoint falls inside it: the pages touched after it are logged whole "
             f"({images:,.0f} full-page images); no smaller drain spans a checkpoint. ")
+
+
+def work_findings(wdf: pd.DataFrame, matrix: pd.DataFrame | None = None) -> list[str]:
+    """The sentences under the jobs that do something, computed from their
+    drains and, for `write_row`, the no-op drains of the same setting in
+    `matrix` (the throughput matrix), when it has them."""
+    w = plots.drain_summary(wdf, ["handler", "mode", "workers", "batch_size"])
+    noop = (plots.drain_summary(matrix, ["mode", "workers", "batch_size"])
+            .set_index(["mode", "workers", "batch_size"]) if matrix is not None else None)
+    lanes_each = int(wdf["concurrency"].max()) if "concurrency" in wdf else 1
+    lines = []
+    for _, row in w[w["handler"] == "write_row"].iterrows():
+        key = (row["mode"], row["workers"], row["batch_size"])
+        if noop is None or key not in noop.index:
+            continue
+        base = noop.loc[key, "median"]
+        cost = (1 / row["median"] - 1 / base) * 1e6
+        lines.append(
+            f"`write_row` ({_drain_setting(row)}) drains {row['median']:,.0f} jobs/s against "
+            f"{base:,.0f} for no-op jobs at the same setting: the one INSERT, through the "
+            f"handler's session, makes the drain {base / row['median']:,.1f}× slower "
+            f"({cost:,.0f} µs more per job).")
+    for _, row in w[w["handler"].str.startswith("sleep")].iterrows():
+        lanes = int(row["workers"]) * lanes_each
+        bound = lanes * 100
+        lines.append(
+            f"`{row['handler']}` ({_drain_setting(row)}, {lanes_each} lane"
+            f"{'s' if lanes_each > 1 else ''} per worker) drains "
+            f"{row['median']:,.0f} jobs/s, {row['median'] / bound:.0%} of the {bound:,} jobs/s "
+            f"that {lanes} lane{'s' if lanes > 1 else ''} running 10 ms jobs one after another "
+            "allow: for waiting jobs, lanes (`--concurrency`) and processes are the knob, not "
+            "the batch size.")
+    return lines
+
+
+def course_findings(cdf: pd.DataFrame, matrix: pd.DataFrame) -> list[str]:
+    """The course's design against one exclusive jobqueue worker committing
+    every job (batch 1) and at its largest batch, from the same run."""
+    c = plots.spread(cdf, ["n"], "jobs_per_sec").iloc[0]
+    s = plots.drain_summary(matrix, ["mode", "workers", "batch_size"])
+    one = s[(s["mode"] == "exclusive") & (s["workers"] == 1)].set_index("batch_size")["median"]
+    if one.empty:
+        return []
+    lo, hi = one.index.min(), one.index.max()
+    return [f"The course's design drains {c['median']:,.0f} jobs/s ({c['min']:,.0f}–"
+            f"{c['max']:,.0f}, {int(c['runs'])} runs of {int(c['n']):,} jobs); one exclusive "
+            f"jobqueue worker {one[lo]:,.0f} at batch {int(lo):,} "
+            f"({one[lo] / c['median']:,.1f}×) and {one[hi]:,.0f} at batch {int(hi):,} "
+            f"({one[hi] / c['median']:,.0f}×): a transaction per job pays a durable commit and "
+            "several round trips for every job, a batch pays them once."]
 
 
 def _soak(results: Path) -> list[str]:
     summary, _ = load("throughput_soak", results)
     timeline, _ = load("throughput_soak_timeline", results)
     row = summary.iloc[0]
-    climbing = row["dead_peak_last"] > 1.5 * max(row["dead_peak_middle"], 1)
     return [
         "", "### A long run: does the table stay healthy?", "",
         f"{row['rate']:,.0f} jobs/s arriving for {row['seconds']:,.0f} s on one worker at its "
@@ -129,59 +273,118 @@ def _soak(results: Path) -> list[str]:
         "table's rows and size, sampled every second.", "",
         plots.markdown(plots.soak_table(summary), floatfmt=",.1f"), "",
         _figure(plots.soak_plot(timeline), "soak", results), "",
-        f"Dead row versions peak at {row['dead_peak_middle']:,.0f} in the run's second third "
-        f"and {row['dead_peak_last']:,.0f} in its last: "
-        + ("still climbing at the end." if climbing else "a saw-tooth, not a climb.")
-        + " Pruning deletes in bursts (every minute, or every tick while a full slice of "
-        "10,000 is waiting) and autovacuum (at 2 % dead rows, looked at every 10 s: "
-        "`autovacuum_naptime`) takes them back; the table stops growing once pruning "
-        f"keeps pace ({row['table_mib_end']:,.1f} MiB at the end) and the worker's memory "
-        f"stays where it started ({row['rss_mib_start']:,.0f} → {row['rss_mib_end']:,.0f} MiB).",
+        " ".join(soak_findings(row)),
     ]
 
 
-def _modes_sentence(s: pd.DataFrame) -> str:
-    """What extra processes bring in each mode, at batch 100 (or the largest)."""
-    batch = 100 if (s["batch_size"] == 100).any() else int(s["batch_size"].max())
-    at = s[s["batch_size"] == batch].set_index(["mode", "workers"])["median"]
-    parts = []
-    for mode in ("exclusive", "shared"):
-        counts = sorted(w for m, w in at.index if m == mode)
-        if len(counts) > 1 and (mode, 1) in at.index:
-            ratios = ", ".join(f"{w}: {at[(mode, w)] / at[(mode, 1)]:.2f}×" for w in counts[1:])
-            parts.append(f"{mode} mode, against one process ({ratios})")
-    if not parts:
-        return ""
-    return (f"At batch {batch}, extra processes give {'; '.join(parts)}: in exclusive mode "
-            "they only stand by, in shared mode they split the work until they outnumber "
-            "the cores the server also needs.")
+def _climbing(later: float, earlier: float) -> bool:
+    """A peak in the last third more than half again the second third's."""
+    return bool(later > 1.5 * max(earlier, 1))
+
+
+def soak_findings(row: pd.Series) -> list[str]:
+    """The sentences under the long run, from its summary row."""
+    dead = _climbing(row["dead_peak_last"], row["dead_peak_middle"])
+    lines = [
+        f"Dead row versions peak at {row['dead_peak_middle']:,.0f} in the run's second third "
+        f"and {row['dead_peak_last']:,.0f} in its last: "
+        + ("still climbing at the end." if dead else "a saw-tooth, not a climb."),
+        "Pruning deletes in bursts (every minute, or every tick while a full slice of 10,000 "
+        "is waiting) and autovacuum (at 2 % dead rows, looked at every 10 s: "
+        f"`autovacuum_naptime`) takes them back: {row['autovacuums']:,.0f} autovacuum runs.",
+    ]
+    if "table_mib_middle" in row and not pd.isna(row["table_mib_middle"]):
+        grew = _climbing(row["table_mib_end"], row["table_mib_middle"])
+        lines.append(f"The table is {row['table_mib_middle']:,.1f} MiB at the end of the second "
+                     f"third and {row['table_mib_end']:,.1f} MiB at the end"
+                     + (": still growing." if grew else ": it stopped growing."))
+    start, end = row["rss_mib_start"], row["rss_mib_end"]
+    if not (pd.isna(start) or pd.isna(end)):
+        lines.append(f"The worker's resident memory goes from {start:,.0f} to {end:,.0f} MiB"
+                     + (" (within 10 %)." if abs(end - start) <= 0.1 * start else "."))
+    return lines
+
+
+def soak_sentence(results: Path = RESULTS) -> str:
+    """The long run in one clause, for the README: computed from the results
+    file as BENCHMARKS.md's section is, so the two cannot disagree."""
+    summary, _ = load("throughput_soak", results)
+    row = summary.iloc[0]
+    shape = ("still climbing at the end"
+             if _climbing(row["dead_peak_last"], row["dead_peak_middle"]) else "in a saw-tooth")
+    return (f"a run of {row['seconds']:,.0f} s at {row['rate']:,.0f} jobs/s keeps dead row "
+            f"versions {shape} "
+            f"(peaks {row['dead_peak_middle']:,.0f} in its second third, then "
+            f"{row['dead_peak_last']:,.0f}) and the worker at {row['rss_mib_end']:,.0f} MiB")
 
 
 def _latency(results: Path) -> str:
     df, _ = load("latency", results)
     samples, _ = load("latency_samples", results)
-    table = plots.latency_table(df)
-    low = table.iloc[0]
-    high = table.iloc[-1]
     return "\n".join([
         "## Latency", "",
         "Jobs arrive one at a time, each in its own transaction, at a fixed rate that does not "
         "wait for the queue (open loop); one idle worker, woken by LISTEN/NOTIFY. "
         "Enqueue = the row's insertion; start and completion as the worker recorded them.", "",
-        plots.markdown(table, ",.1f"), "",
-        _figure(plots.latency_plot(df), "latency", results), "",
+        plots.markdown(plots.latency_table(df, samples), ",.1f"), "",
+        _figure(plots.latency_plot(df, samples), "latency", results), "",
         _figure(plots.latency_histogram(samples), "latency_histogram", results), "",
-        f"At {low['arrivals (jobs/s)']:,.0f} jobs/s a job is complete "
-        f"{low['to completion p50 (ms)']:.1f} ms after it was enqueued at the median and "
-        f"{low['to completion p99 (ms)']:.1f} ms at p99: the wake-up is a notification, not "
-        "a poll.",
-        f"At {high['arrivals (jobs/s)']:,.0f} jobs/s the p99 is "
-        f"{high['to completion p99 (ms)']:.1f} ms: batches form by themselves as jobs arrive "
-        "faster than one commit, trading a little latency for throughput"
-        + (f"; the single Python producer reached only {high['achieved']:,.0f} jobs/s, so "
-           "that row is the producer's limit, not the queue's."
-           if high["achieved"] < 0.9 * high["arrivals (jobs/s)"] else "."),
+        *latency_findings(df, samples),
     ])
+
+
+def latency_findings(df: pd.DataFrame, samples: pd.DataFrame) -> list[str]:
+    """The sentences under the latency table, computed from it: how the
+    samples were counted, the lowest rate, the batches that form as the rate
+    grows, and the rates the producer did not reach."""
+    from jobqueue.worker import WorkerConfig
+
+    st = plots.latency_stats(df, samples)
+    warm = float(st["warmup_s"].max())
+    lines = [
+        (f"The first {warm:g} s of every run is left out as warm-up "
+         f"({int(samples['warmup'].sum()):,} jobs in all: the worker's first jobs pay for cold "
+         "connections and caches). " if warm > 0 and "warmup" in samples else "")
+        + f"Each quantile pools the samples of the {int(st['runs'].max())} runs at a rate and "
+        "is shown only where they can carry it: a q-quantile needs 1/(1 − q) samples "
+        f"(p99: {plots.min_samples(0.99):,}, p99.9: {plots.min_samples(0.999):,}); "
+        "\"–\" where there are fewer."]
+    low = st.iloc[0]
+    if low["samples"] == 0:
+        return [*lines, f"At {low['rate']:,.0f} jobs/s no job arrived after the warm-up."]
+    poll = WorkerConfig().poll_interval
+    p99 = low["complete_p99_ms"]
+    lines.append(
+        f"At {low['rate']:,.0f} jobs/s a job is complete {low['complete_p50_ms']:.1f} ms after "
+        "it was enqueued at the median"
+        + (f" and {p99:.1f} ms at p99" if not pd.isna(p99) else
+           f" ({int(low['samples'])} samples: too few for a p99)")
+        + (f", against the worker's {poll:g} s poll interval: the notification wakes it."
+           if low["complete_p50_ms"] < poll * 1000 / 10 else "."))
+    met = st[st["met"]]
+    if "jobs_per_commit" in st and len(met) > 1:
+        a, b = met.iloc[0], met.iloc[-1]
+        grows = b["jobs_per_commit"] > 1.2 * a["jobs_per_commit"]
+        lines.append(
+            f"Jobs per commit (jobs that share a completion time): {a['jobs_per_commit']:.1f} at "
+            f"{a['rate']:,.0f} jobs/s, {b['jobs_per_commit']:.1f} at {b['rate']:,.0f}"
+            + (f": batches form by themselves as jobs arrive faster than one commit, and the "
+               f"p99 goes from {_ms(a['complete_p99_ms'])} to {_ms(b['complete_p99_ms'])} ms."
+               if grows else "."))
+    unmet = st[~st["met"]]
+    if len(unmet):
+        lines.append(
+            "The single Python producer did not reach "
+            + ", ".join(f"{r['rate']:,.0f} jobs/s (it kept {r['achieved']:,.0f})"
+                        for _, r in unmet.iterrows())
+            + f": under {plots.MET_SHARE:.0%} of the target, flagged in the table and drawn "
+            "hollow at the rate achieved; those rows measure the producer's limit, not the "
+            "queue's.")
+    return lines
+
+
+def _ms(v: float) -> str:
+    return "–" if pd.isna(v) else f"{v:.1f}"
 
 
 def _recovery(results: Path) -> str:
@@ -549,6 +752,7 @@ def memory_findings(df: pd.DataFrame) -> list[str]:
 
 def _comparison(results: Path) -> str:
     df, _ = load("throughput_matrix", results)
+    df = plots.counted(df)
     one = df[(df["mode"] == "exclusive") & (df["workers"] == 1)]
     per_job = plots.spread(one, ["batch_size"], "jobs_per_sec")
     batch1 = per_job[per_job["batch_size"] == per_job["batch_size"].min()]["median"].iloc[0]

@@ -71,6 +71,11 @@ HANDLER_MODULES = {"noop": "jobqueue.benchmarks.handlers",
                    "sleep_10ms": "jobqueue.benchmarks.handlers",
                    "process_payment": "jobqueue.lab.examples"}
 QUANTILES = (0.5, 0.95, 0.99, 0.999)
+#: The start of every open-loop run left out of its percentiles: the worker's
+#: first jobs pay for cold connections and caches (the first job of a run at
+#: 10 jobs/s took 15.5 ms where the others took 2), which is start-up, not
+#: steady-state latency.
+WARMUP_SECONDS = 1.0
 #: How often `cli_drain` looks whether every job is done. Not part of the
 #: timed span (that comes from the jobs' own timestamps), so it only has to be
 #: gentle on the machine the workers share.
@@ -321,6 +326,12 @@ async def _until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
             raise RuntimeError(f"worker exited with {code} on SIGTERM: {p.log()[-2000:]}")
 
 
+#: How long after the first claim the last worker to take part made its own
+#: first one: time in which fewer workers drained than the row says.
+_START_SKEW = ("SELECT extract(epoch FROM max(first) - min(first)) FROM"
+               " (SELECT min(started_at) AS first FROM jobs GROUP BY worker_id) AS w")
+
+
 async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler: str,
                  timeout: float, log_dir: Path | None, memory: bool, burst: bool
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -335,6 +346,7 @@ async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler
         await _reset(conn, handler)
         await fill(conn, n, handler)
         wal_before = await conn.fetchrow(_WAL)
+        vacuums_before = await conn.fetchval(_AUTOVACUUMS)
         procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *argv) for i in range(workers)]
         if memory:
             sampler = rss.RssSampler(p.pid for p in procs)
@@ -351,9 +363,11 @@ async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler
             " extract(epoch FROM min(started_at)) AS first, "
             " extract(epoch FROM max(completed_at)) AS last,"
             " count(DISTINCT worker_id) AS workers_used FROM jobs")
+        skew = await conn.fetchval(_START_SKEW)
         stats = await conn.fetchrow(
             "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = 'jobs'")
         wal_after = await conn.fetchrow(_WAL)
+        vacuums = await conn.fetchval(_AUTOVACUUMS) - vacuums_before
         if row["completed"] != n or row["total"] != n:
             raise RuntimeError(f"lost jobs: {row['completed']} of {n} completed")
         await check_writes(conn, handler, n, "jobqueue")
@@ -369,7 +383,8 @@ async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler
               "concurrency": opts.concurrency, "log_level": opts.log_level,
               "argv": shlex.join(argv), "settings": worker_label(argv, workers),
               "seconds": seconds, "jobs_per_sec": n / seconds,
-              "workers_used": row["workers_used"], "dead_tuples": stats["n_dead_tup"],
+              "workers_used": row["workers_used"], "start_skew_s": float(skew or 0.0),
+              "dead_tuples": stats["n_dead_tup"], "autovacuums": vacuums,
               **{key: wal_after[key] - wal_before[key] for key in _WAL_COLUMNS}}
     result["wal_mib"] = float(result["wal_mib"])
     if not memory:
@@ -428,12 +443,15 @@ async def _one_worker_and_producers(url: str, log_path: Path, connections: int,
 async def open_loop(url: str, *, rate: float, seconds: float,
                     batch_size: int = DEFAULT_BATCH_SIZE,
                     connections: int = 8, log_dir: Path | None = None,
-                    flags: Sequence[str] | None = None) -> dict[str, Any]:
+                    flags: Sequence[str] | None = None,
+                    warmup: float = WARMUP_SECONDS) -> dict[str, Any]:
     """Arrivals at `rate` jobs/s for `seconds`, each enqueued in its own
     transaction at its scheduled time whatever the queue is doing; one idle
     worker process (one lane at `batch_size`, WARNING logs; or, given `flags`,
     `jobqueue worker --import jobqueue.benchmarks.handlers *flags`). Returns the
-    summary, with the worker's `argv`, and the per-job latencies."""
+    summary, with the worker's `argv`, and the per-job latencies; the jobs
+    enqueued in the first `warmup` seconds are marked and left out of the
+    summary's percentiles (see `latency_result`)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-latency-"))
     argv = _worker_args(batch_size, False, 1) if flags is None else worker_argv("noop", *flags)
     async with _one_worker_and_producers(url, log_dir / "worker.log", connections,
@@ -446,12 +464,15 @@ async def open_loop(url: str, *, rate: float, seconds: float,
         rows = await conn.fetch(
             "SELECT extract(epoch FROM started_at - created_at) AS to_start,"
             " extract(epoch FROM completed_at - created_at) AS to_complete,"
-            " extract(epoch FROM created_at) AS created FROM jobs")
-    created = sorted(float(r["created"]) for r in rows)
+            " extract(epoch FROM created_at) AS created,"
+            " extract(epoch FROM completed_at) AS completed FROM jobs ORDER BY created_at")
+    created = [float(r["created"]) for r in rows]
     span = created[-1] - created[0] if len(created) > 1 else 0.0
     to_start = [float(r["to_start"]) for r in rows]
     to_complete = [float(r["to_complete"]) for r in rows]
-    result = latency_result(rate, seconds, span, lateness, to_start, to_complete)
+    result = latency_result(rate, seconds, span, lateness, to_start, to_complete,
+                            arrived=[c - created[0] for c in created], warmup=warmup,
+                            completed=[float(r["completed"]) for r in rows])
     result["summary"]["argv"] = shlex.join(argv)
     return result
 
@@ -522,6 +543,7 @@ def _soak_summary(rate: float, seconds: float, keep_seconds: float, lateness: Se
             "jobs": round(rate * seconds), "producer_late_p99_ms": quantile(lateness, 0.99) * 1000,
             "dead_peak_middle": peak(middle, "dead"), "dead_peak_last": peak(last, "dead"),
             "live_peak_middle": peak(middle, "live"), "live_peak_last": peak(last, "live"),
+            "table_mib_middle": peak(middle[-1:], "table_mib"),
             "table_mib_end": peak(timeline[-1:], "table_mib"),
             "pickable_index_mib_end": peak(timeline[-1:], "pickable_index_mib"),
             "backlog_peak": peak(timeline, "backlog"),
@@ -531,17 +553,32 @@ def _soak_summary(rate: float, seconds: float, keep_seconds: float, lateness: Se
 
 
 def latency_result(rate: float, seconds: float, span: float, lateness: Sequence[float],
-                   to_start: list[float], to_complete: list[float]) -> dict[str, Any]:
+                   to_start: list[float], to_complete: list[float], *,
+                   arrived: Sequence[float] | None = None, warmup: float = 0.0,
+                   completed: Sequence[float] | None = None) -> dict[str, Any]:
     """An open-loop run's summary (quantiles in ms, the rate achieved over
-    `span`, the first to the last enqueue) and its per-job latencies (s)."""
+    `span`, the first to the last enqueue) and its per-job latencies (s).
+    Given `arrived` (each job's enqueue, seconds after the first), the jobs
+    that arrived in the first `warmup` seconds are left out of the quantiles
+    (`warmup` in the result says which; `samples`, how many count). Given
+    `completed` (each job's completion time), `jobs_per_commit` is how many
+    counted jobs shared a completion, on average: the batches that formed."""
     total = len(to_complete)
-    summary = {"rate": rate, "jobs": total, "seconds": seconds,
-               "achieved_rate": (total - 1) / span if span > 0 else float(total),
-               "producer_late_p99_ms": quantile(lateness, 0.99) * 1000}
+    counted = [arrived is None or a >= warmup for a in (arrived or to_complete)]
+    summary: dict[str, Any] = {
+        "rate": rate, "jobs": total, "seconds": seconds,
+        "achieved_rate": (total - 1) / span if span > 0 else float(total),
+        "producer_late_p99_ms": quantile(lateness, 0.99) * 1000,
+        "warmup_s": warmup if arrived is not None else 0.0, "samples": sum(counted)}
+    if completed is not None:
+        kept = [c for c, keep in zip(completed, counted, strict=True) if keep]
+        summary["jobs_per_commit"] = len(kept) / max(1, len(set(kept)))
     for label, values in (("start", to_start), ("complete", to_complete)):
+        kept = [v for v, keep in zip(values, counted, strict=True) if keep] or values
         for q in QUANTILES:
-            summary[f"{label}_p{_qname(q)}_ms"] = quantile(values, q) * 1000
-    return {"summary": summary, "to_start": to_start, "to_complete": to_complete}
+            summary[f"{label}_p{_qname(q)}_ms"] = quantile(kept, q) * 1000
+    return {"summary": summary, "to_start": to_start, "to_complete": to_complete,
+            "warmup": [not keep for keep in counted]}
 
 
 async def _arrivals(pool: asyncpg.Pool, rate: float, total: int) -> list[float]:
@@ -615,20 +652,62 @@ def progress(total: int, desc: str) -> Any:
     return steps(total, desc)
 
 
-async def drain_matrix(url: str, *, n: int, batch_sizes: Sequence[int],
+#: A drain shorter than this is not a measurement: one slow commit or a
+#: process scheduled late moves its rate by tens of percent (10,000 jobs at
+#: batch 1,000 drain in 0.2-0.3 s, and one cell's runs ranged 21.6k-36.9k).
+MIN_DRAIN_SECONDS = 1.0
+#: The largest drain sizing may ask for (a million jobs is minutes of filling
+#: and draining, and a checkpoint inside it).
+MAX_SIZED_N = 500_000
+#: Sizing runs a setting may take before a short drain counts anyway (and is
+#: flagged as short wherever it is shown).
+_MAX_SIZING_RUNS = 3
+
+
+def sized_n(rate: float, seconds: float, *, least: int = 100, most: int = MAX_SIZED_N) -> int:
+    """Jobs for a drain of about `seconds` at `rate` jobs/s, rounded up to two
+    significant figures (so the results file shows round numbers)."""
+    want = max(least, rate * seconds)
+    step = 10 ** max(0, len(str(int(want))) - 2)
+    return int(min(most, -(-int(want) // step) * step))
+
+
+async def drain_matrix(url: str, *, n: int | dict[int, int], batch_sizes: Sequence[int],
                        workers: Sequence[int], modes: Sequence[str], repeat: int,
-                       handler: str = "noop") -> list[dict[str, Any]]:
-    """Every batch size × worker count × mode, `repeat` times each."""
+                       handler: str = "noop", seconds: float = 1.5,
+                       min_seconds: float = MIN_DRAIN_SECONDS,
+                       max_n: int = MAX_SIZED_N) -> list[dict[str, Any]]:
+    """Every batch size × worker count × mode, `repeat` drains each, each
+    drain sized to last about `seconds`: the first of a setting drains `n`
+    jobs (or `n[batch_size]`; a later setting of the same batch size starts
+    from the rate its predecessor measured), every next one as many as the
+    last rate drains in `seconds`. A drain shorter than `min_seconds` is
+    kept in the rows with `counted` False (the sizing run) and run again,
+    bigger, unless it already drained `max_n` jobs; the figures use the
+    `counted` rows."""
     rows = []
+    rates: dict[int, float] = {}
     with progress(len(batch_sizes) * len(workers) * len(modes) * repeat, "drain") as bar:
         for batch_size in batch_sizes:
             for count in workers:
                 for mode in modes:
-                    for run in range(1, repeat + 1):
-                        row = await drain(url, n=n, batch_size=batch_size, workers=count,
+                    size = (sized_n(rates[batch_size], seconds, most=max_n)
+                            if batch_size in rates else
+                            n[batch_size] if isinstance(n, dict) else n)
+                    run, sizing = 1, 0
+                    while run <= repeat:
+                        row = await drain(url, n=size, batch_size=batch_size, workers=count,
                                           shared=mode == "shared", handler=handler)
-                        rows.append({**row, "run": run})
-                        bar.update()
+                        short = (row["seconds"] < min_seconds and size < max_n
+                                 and sizing < _MAX_SIZING_RUNS)
+                        sizing += short
+                        rows.append({**row, "run": run if not short else 0,
+                                     "counted": not short})
+                        rates[batch_size] = row["jobs_per_sec"]
+                        size = sized_n(row["jobs_per_sec"], seconds, most=max_n)
+                        if not short:
+                            run += 1
+                            bar.update()
     return rows
 
 
@@ -665,19 +744,21 @@ async def drain_sizes(url: str, *, sizes: Sequence[int], batch_size: int, repeat
     return rows
 
 
-async def latency_series(url: str, *, rates: Sequence[float], seconds: float, repeat: int
+async def latency_series(url: str, *, rates: Sequence[float], seconds: float, repeat: int,
+                         warmup: float = WARMUP_SECONDS
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Open-loop runs at each rate: summaries, and every job's latencies."""
+    """Open-loop runs at each rate: summaries, and every job's latencies
+    (`warmup` True for the jobs of a run's first `warmup` seconds)."""
     summaries, samples = [], []
     with progress(len(rates) * repeat, "latency") as bar:
         for rate in rates:
             for run in range(1, repeat + 1):
-                result = await open_loop(url, rate=rate, seconds=seconds)
+                result = await open_loop(url, rate=rate, seconds=seconds, warmup=warmup)
                 summaries.append({**result["summary"], "run": run})
                 samples += [{"rate": rate, "run": run, "to_start_ms": s * 1000,
-                             "to_complete_ms": c * 1000}
-                            for s, c in zip(result["to_start"], result["to_complete"],
-                                            strict=True)]
+                             "to_complete_ms": c * 1000, "warmup": w}
+                            for s, c, w in zip(result["to_start"], result["to_complete"],
+                                               result["warmup"], strict=True)]
                 bar.update()
     return summaries, samples
 

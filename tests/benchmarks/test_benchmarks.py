@@ -165,10 +165,11 @@ async def test_report_renders_from_results_files(bench_url: str, tmp_path: Path,
     monkeypatch.setattr("jobqueue.benchmarks.results_dir", lambda: tmp_path)
     context = await scenarios.environment(bench_url)
     matrix = await scenarios.drain_matrix(bench_url, n=100, batch_sizes=[10, 50], workers=[1],
-                                          modes=["exclusive"], repeat=1)
+                                          modes=["exclusive"], repeat=1, seconds=0.05,
+                                          min_seconds=0)
     save(matrix, "throughput_matrix", context)
-    summaries, samples = await scenarios.latency_series(bench_url, rates=[40], seconds=0.25,
-                                                        repeat=1)
+    summaries, samples = await scenarios.latency_series(bench_url, rates=[40], seconds=0.5,
+                                                        repeat=1, warmup=0.1)
     save(summaries, "latency", context)
     save(samples, "latency_samples", context)
     times, timeline = await scenarios.recovery_series(bench_url, signals=["SIGKILL"], trials=1,
@@ -230,3 +231,157 @@ async def test_the_ceiling_measures_every_row(server_url: str, tmp_path: Path) -
     plain = next(r for r in rows if r["name"] == "lane session, plain")
     assert f"{plain['wall_us']:,.0f} µs through the lane's session" in section
     assert "| lane session, isolated |" in section and "event loop: uvloop" in section
+
+
+# -- drains long enough to measure, workers that took part, computed sentences ------
+
+
+async def test_drains_are_sized_to_last_and_short_ones_run_again(bench_url: str) -> None:
+    rows = await scenarios.drain_matrix(bench_url, n=40, batch_sizes=[10], workers=[1],
+                                        modes=["exclusive"], repeat=1, seconds=0.5,
+                                        min_seconds=0.25)
+    sizing = [r for r in rows if not r["counted"]]
+    kept = [r for r in rows if r["counted"]]
+    assert sizing, "40 jobs at batch 10 drain in well under 0.25 s: a sizing run was expected"
+    assert all(r["seconds"] < 0.25 and r["run"] == 0 for r in sizing)
+    assert len(kept) == 1 and kept[0]["run"] == 1 and kept[0]["n"] > sizing[0]["n"]
+    assert kept[0]["seconds"] >= 0.25 or len(sizing) == scenarios._MAX_SIZING_RUNS
+    assert kept[0]["workers_used"] == 1 and kept[0]["start_skew_s"] == 0
+    assert scenarios.sized_n(37_412.0, 1.5) == 57_000 and scenarios.sized_n(3.0, 1.0) == 100
+    # The figures use the counted drain only.
+    import pandas as pd
+
+    table = plots.throughput_table(pd.DataFrame(rows))
+    assert table["runs"].tolist() == [1] and table["jobs per drain"].tolist() == [
+        f"{kept[0]['n']:,}"]
+
+
+def _matrix(cells: dict[tuple[str, int, int], list[tuple[float, int, float]]]):
+    """Matrix rows: (mode, workers, batch) -> [(jobs/s, workers_used, seconds)]."""
+    import pandas as pd
+
+    return pd.DataFrame([{"mode": m, "workers": w, "batch_size": b, "n": round(r * s),
+                          "seconds": s, "jobs_per_sec": r, "workers_used": u, "run": i,
+                          "counted": True, "handler": "noop"}
+                         for (m, w, b), runs in cells.items()
+                         for i, (r, u, s) in enumerate(runs, 1)])
+
+
+def test_no_best_claim_from_a_run_where_a_worker_sat_out() -> None:
+    from jobqueue.benchmarks.report import throughput_findings
+
+    df = _matrix({
+        ("exclusive", 1, 1): [(900, 1, 2.0), (880, 1, 2.1), (910, 1, 2.0)],
+        ("exclusive", 2, 1): [(600, 1, 2.5), (580, 1, 2.6), (615, 1, 2.4)],
+        ("exclusive", 1, 1000): [(30_000, 1, 1.5), (31_000, 1, 1.4), (29_000, 1, 1.6)],
+        ("shared", 1, 1000): [(32_000, 1, 1.5), (33_000, 1, 1.4), (31_000, 1, 1.6)],
+        # The fastest median, but in one run only one of the two workers took jobs.
+        ("shared", 2, 1000): [(67_745, 1, 1.2), (40_000, 2, 1.5), (41_000, 2, 1.5)],
+        ("shared", 2, 1): [(1_400, 2, 0.8), (1_300, 2, 1.1), (1_350, 2, 1.2)],
+    })
+    table = plots.throughput_table(df).set_index(["mode", "workers", "batch size"])
+    assert "not every worker took part (1 of 3 runs)" in table.loc[("shared", 2, 1000), "flags"]
+    assert table.loc[("shared", 2, 1000), "workers used"] == "1–2"
+    assert "drain under 1 s (1 of 3)" in table.loc[("shared", 2, 1), "flags"]
+    assert table.loc[("exclusive", 2, 1), "flags"] == ""  # one active worker is the design
+    # Every worker took part, but the second joined a third into the drain.
+    late = _matrix({("shared", 2, 100): [(20_000, 2, 1.5)]}).assign(start_skew_s=0.5)
+    assert "a worker joined after 10% of the drain (1 of 1 runs)" in plots.throughput_table(
+        late)["flags"].iloc[0]
+    assert plots.best_setting(late) is None
+    assert plots.best_setting(late.assign(start_skew_s=0.05)) is not None
+    best = plots.best_setting(df)
+    assert best is not None and (best["mode"], best["workers"], best["batch_size"]) == (
+        "shared", 1, 1000)
+    text = "\n".join(throughput_findings(df))
+    assert "fastest setting whose drains all lasted 1 s or more" in text
+    assert "shared mode, 1 worker, batch 1,000, 32,000 jobs/s" in text
+    assert "higher medians came only from flagged settings (shared mode, 2 workers, batch " \
+           "1,000: 41,000)" in text
+    # Two exclusive processes at batch 1 are slower, and the sentence says so.
+    assert "exclusive mode, 2 processes against one: 0.67× at batch 1 (slower)" in text
+    assert "as fast as" not in text
+    assert "one process took every job in every run" in text
+
+
+async def test_a_drain_reports_the_workers_that_took_part(bench_url: str) -> None:
+    row = await scenarios.drain(bench_url, n=2_000, batch_size=20, workers=2, shared=True)
+    assert row["workers_used"] in (1, 2) and row["start_skew_s"] >= 0
+    assert row["autovacuums"] >= 0
+    flagged = "not every worker took part" in plots.throughput_table(
+        _matrix({("shared", 2, 20): [(row["jobs_per_sec"], row["workers_used"],
+                                      row["seconds"])]}))["flags"].iloc[0]
+    assert flagged == (row["workers_used"] < 2)
+
+
+def test_work_and_soak_sentences_follow_the_data(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from jobqueue.benchmarks import report
+
+    matrix = _matrix({("shared", 1, 100): [(25_518, 1, 1.5)] * 3})
+    work = _matrix({("shared", 1, 100): [(677, 1, 1.5)] * 3}).assign(
+        handler="write_row", concurrency=1)
+    text = " ".join(report.work_findings(work, matrix))
+    assert "drains 677 jobs/s against 25,518 for no-op jobs" in text
+    assert "37.7× slower" in text and "costs little" not in text
+    summary = {"rate": 1000, "seconds": 120, "keep_seconds": 30, "dead_peak_middle": 63_654.0,
+               "dead_peak_last": 72_695.0, "table_mib_middle": 11.0, "table_mib_end": 11.4,
+               "autovacuums": 13, "rss_mib_start": 54.8, "rss_mib_end": 54.9}
+    path = save([summary], "throughput_soak", {})
+    path.rename(tmp_path / path.name)
+    sentence = report.soak_sentence(tmp_path)
+    assert "peaks 63,654 in its second third, then 72,695" in sentence
+    assert "a run of 120 s at 1,000 jobs/s" in sentence and "8,000" not in sentence
+    findings = " ".join(report.soak_findings(pd.Series(summary)))
+    assert "a saw-tooth, not a climb" in findings  # 72,695 is under 1.5 × 63,654
+    climbing = pd.Series({**summary, "dead_peak_last": 120_000.0})
+    assert "still climbing" in " ".join(report.soak_findings(climbing))
+
+
+def _latency(rate: float, achieved: float, per_run: int, runs: int = 3):
+    import pandas as pd
+
+    summaries = pd.DataFrame([{"rate": rate, "achieved_rate": achieved, "warmup_s": 1.0,
+                               "jobs_per_commit": 1.0, "run": r} for r in range(runs)])
+    samples = pd.DataFrame([{"rate": rate, "run": r, "to_start_ms": 1.0 + i % 10 / 10,
+                             "to_complete_ms": 2.0 + i % 10 / 10, "warmup": i == 0}
+                            for r in range(runs) for i in range(per_run)])
+    samples.loc[samples["warmup"], ["to_start_ms", "to_complete_ms"]] = 15.5  # cold start
+    return summaries, samples
+
+
+def test_percentiles_only_where_the_samples_carry_them() -> None:
+    import pandas as pd
+
+    from jobqueue.benchmarks.report import latency_findings
+
+    low = _latency(10, 10.0, per_run=41)          # 3 × 40 counted: p99 yes, p99.9 no
+    high = _latency(1000, 1000.0, per_run=401)    # 3 × 400 counted: both
+    unmet = _latency(2000, 1_558.0, per_run=401)  # the producer fell short
+    df = pd.concat([low[0], high[0], unmet[0]])
+    samples = pd.concat([low[1], high[1], unmet[1]])
+    assert plots.min_samples(0.99) == 100 and plots.min_samples(0.999) == 1000
+    st = plots.latency_stats(df, samples).set_index("rate")
+    assert st.loc[10, "samples"] == 120 and st.loc[1000, "samples"] == 1200
+    assert pd.isna(st.loc[10, "complete_p99_9_ms"]) and st.loc[10, "complete_p99_ms"] < 15
+    assert not pd.isna(st.loc[1000, "complete_p99_9_ms"])
+    assert samples["to_complete_ms"].max() == 15.5  # only the warm-up was that slow ...
+    assert st["complete_p99_9_ms"].max() < 15.5     # ... and it is left out
+    assert bool(st.loc[1000, "met"]) and not bool(st.loc[2000, "met"])
+    table = plots.latency_table(df, samples).set_index("arrivals (jobs/s)")
+    assert table.loc[10, "to completion p99.9 (ms)"] == "–"
+    assert table.loc[2000, "achieved (jobs/s)"] == "1,558 ⚠ under 95%"
+    fig = plots.latency_plot(df, samples)
+    assert sorted(fig.axes[0].lines[0].get_xdata()) == [10.0, 1000.0, 1558.0]
+    text = " ".join(latency_findings(df, samples))
+    assert "did not reach 2,000 jobs/s (it kept 1,558)" in text
+    assert "first 1 s of every run is left out as warm-up (9 jobs in all" in text
+
+
+async def test_open_loop_marks_its_warm_up(bench_url: str) -> None:
+    result = await scenarios.open_loop(bench_url, rate=40, seconds=1.0, warmup=0.3)
+    summary, warm = result["summary"], result["warmup"]
+    assert len(warm) == 40 and 10 <= sum(warm) <= 14  # the jobs of the first 0.3 s
+    assert warm[0] and not warm[-1] and summary["samples"] == 40 - sum(warm)
+    assert summary["warmup_s"] == 0.3 and summary["jobs_per_commit"] >= 1
