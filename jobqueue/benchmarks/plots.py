@@ -423,7 +423,7 @@ def recovery_table(df: pd.DataFrame) -> pd.DataFrame:
             "median (s)": g["seconds"].median(), "min (s)": g["seconds"].min(),
             "max (s)": g["seconds"].max(),
             "first job started, median (s)": g["started_s"].median(),
-            "held at the signal": _span(g["held_processing"]),
+            "held at the signal": _ints(g["held_processing"]),
             "last held job done, median (s)": f"{done.median():.3f}" if len(done) else "–",
             "held jobs completed once": f"{int(g['held_completed_once'].sum())} of "
                                         f"{int(g['held_processing'].sum())}",
@@ -431,7 +431,7 @@ def recovery_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _span(values: pd.Series) -> str:
+def _ints(values: pd.Series) -> str:
     lo, hi = int(values.min()), int(values.max())
     return f"{lo}" if lo == hi else f"{lo}–{hi}"
 
@@ -566,7 +566,7 @@ def _rescue_sentence(claimed: pd.DataFrame, quick: pd.DataFrame) -> str:
         done = [f"{g.loc[g['signal'] == name, 'held_done_s'].median():.3f} s after a {what}"
                 for name, what in (("SIGKILL", "crash"), ("SIGSTOP", "hang"))
                 if (g["signal"] == name).any()]
-        setups.append(f"{label.removeprefix('claimed, ')}: {_span(g['held_processing'])} in "
+        setups.append(f"{label.removeprefix('claimed, ')}: {_ints(g['held_processing'])} in "
                       f"each of {len(g)} trials, the last of them completed by the standby a "
                       f"median {' and '.join(done)}")
     text = ("On the claimed path the dead worker held `processing` jobs at every signal (read "
@@ -597,11 +597,11 @@ def _left_processing_sentence(claimed: pd.DataFrame, quick: pd.DataFrame) -> str
     left = int(claimed["left_processing"].max())
     if left == 0:
         text += (f"It is 0 in each of the {len(claimed)} claimed-path trials, where the dead "
-                 f"worker had held {_span(claimed['held_processing'])} at the signal: the standby "
+                 f"worker had held {_ints(claimed['held_processing'])} at the signal: the standby "
                  "puts a dead worker's jobs back as it takes over, before its first job.")
     else:
         text += (f"It is up to {left} in the claimed-path trials, where the dead worker had held "
-                 f"{_span(claimed['held_processing'])} at the signal: some were not yet back in "
+                 f"{_ints(claimed['held_processing'])} at the signal: some were not yet back in "
                  "the queue when the standby completed its first job.")
     if len(quick):
         most = int(quick["held_processing"].max())
@@ -739,10 +739,6 @@ def peer_drain_plot(df: pd.DataFrame) -> plt.Figure:
     ax.grid(True, axis="x", which="both", alpha=0.3)
     fig.tight_layout()
     return fig
-
-
-def _ms(value: float) -> str:
-    return "–" if pd.isna(value) else f"{value:,.1f}"
 
 
 def peer_latency_runs(df: pd.DataFrame) -> pd.DataFrame:

@@ -11,6 +11,7 @@ is typed by hand and none outlives the run it came from.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,37 +48,81 @@ def _run_line(results: Path) -> str:
             "[BENCHMARKS.md](BENCHMARKS.md).")
 
 
+def _module_free(settings: str) -> str:
+    """A label with its `--import` module written as MODULE: the same
+    command line whatever handler module a workload imports."""
+    return re.sub(r"--import [^\s`]+", "--import MODULE", plots.plain_settings(settings))
+
+
 def drain_table(drains: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, list[str]]:
     """jobs/s, a row per system and number of processes (each system at its
-    best setup with that many processes, medians over the rounds; jobqueue's
-    CLI defaults first), a column per workload; and the setup behind each
-    figure."""
+    best setup with that many processes, medians over the rounds), a column
+    per workload; jobqueue at its CLI defaults gets a row of its own when its
+    best with one process is another setup. And the setups behind the rows."""
     cells: dict[tuple[int, int, str], dict[str, str]] = {}
-    notes: list[str] = []
+    setups: dict[str, list[str]] = {}
     columns = []
     for handler, df in drains.items():
         s = plots.peer_drain_spread(df)
         usual = plots.usual_n(df)
         column = f"{handler} ({usual:,} jobs)"
         columns.append(column)
-        picks = [((1, -1, "jobqueue, CLI defaults (1 process)"),
-                  report._best(s[(s["system"] == "jobqueue")
-                                 & (s["preset"] == report.CLI_DEFAULTS)]))]
+        picks = []
+        default = report._best(s[(s["system"] == "jobqueue")
+                                  & (s["preset"] == report.CLI_DEFAULTS)])
         for k in sorted(set(s["workers"])):
             for order, system in enumerate(("jobqueue", *report.QUEUES)):
+                best = report._best(s[(s["system"] == system) & (s["workers"] == k)])
                 name = f"{plots.SYSTEM_NAMES[system]}, {_procs(int(k))}"
-                picks.append(((int(k), order, name),
-                              report._best(s[(s["system"] == system) & (s["workers"] == k)])))
+                if best is not None and default is not None and best.name == default.name:
+                    name += " (CLI defaults)"
+                elif system == "jobqueue" and k == 1 and default is not None:
+                    picks.append(((1, -1, "jobqueue, CLI defaults (1 process)"), default))
+                picks.append(((int(k), order, name), best))
         for key, best in picks:
             if best is None:
                 continue
             n = int(best["n"])
             cells.setdefault(key, {})[column] = (f"{best['median']:,.0f}"
                                                  + (f" ({n:,} jobs)" if n != usual else ""))
-            notes.append(f"{key[2]}, {handler}: {plots.plain_settings(best['settings'])}")
+            setups.setdefault(key[2], []).append(_module_free(best["settings"]))
     rows = [{"setup": key[2], **{c: values.get(c, "") for c in columns}}
             for key, values in sorted(cells.items())]
+    notes = [f"{name}: {'; '.join(dict.fromkeys(labels))}" for name, labels in setups.items()]
     return pd.DataFrame(rows), notes
+
+
+def latency_lines(results: Path) -> list[str]:
+    """Enqueue to completion at the lowest rate of the latency comparison,
+    each system's median run (p99 only where the sample carries it)."""
+    if not (results / "comparison_latency.csv").exists():
+        return []
+    med = plots.peer_latency_runs(load("comparison_latency", results)[0])
+    low = med[med["rate"] == med["rate"].min()]
+    parts = []
+    for _, row in low.iterrows():
+        p99 = "" if pd.isna(row["complete_p99_ms"]) else f" / {row['complete_p99_ms']:,.1f}"
+        parts.append(f"{plots.SYSTEM_NAMES[row['system']]} {row['complete_p50_ms']:,.1f}{p99} ms")
+    warmup = float(low["warmup_s"].max())
+    return [f"Enqueue to completion at {low['rate'].iloc[0]:,.0f} jobs/s (open loop, every "
+            f"system at its drains' settings with one process, the first {warmup:g} s left "
+            f"out as warm-up), p50 / p99: {'; '.join(parts)}."]
+
+
+def recovery_lines(results: Path) -> list[str]:
+    """The recovery table's medians: how long a standby took to complete its
+    first job after the active worker was killed or frozen, and what it had
+    to put back."""
+    if not (results / "recovery.csv").exists():
+        return []
+    times = load("recovery", results)[0]
+    table = plots.recovery_table(times)
+    keep = ["setup", "signal", "trials", "median (s)", "held at the signal",
+            "held jobs completed once"]
+    leases = ", ".join(f"{v:g}" for v in sorted(times["lease"].unique()))
+    return ["Takeover, from the signal to the standby's first completed job (the recovery "
+            f"notebook; a hang (SIGSTOP) waits for the lease, {leases} s in this run):", "",
+            plots.markdown(table[[c for c in keep if c in table.columns]], ",.3f")]
 
 
 def behind(drains: dict[str, pd.DataFrame]) -> list[str]:
@@ -144,6 +189,12 @@ def summary(results: Path) -> str:
     lines.append("Where jobqueue is not ahead: " + (" ".join(slower) if slower else
                  "nowhere in this run: jobqueue's best is ahead of every peer's best with "
                  "the same number of processes, on every workload.") + "")
+    if (results / "throughput_soak.csv").exists():
+        soak = report.soak_sentence(results)
+        lines += ["", f"A long run (the throughput notebook's soak): {soak}."]
+    for part in (latency_lines(results), recovery_lines(results)):
+        if part:
+            lines += ["", *part]
     if costs(results):
         ceiling_run = load("ceiling", results)[1].get("run", "?")
         drains_run = load("comparison_drain", results)[1].get("run", "?")

@@ -647,7 +647,7 @@ def _peers_latency(results: Path) -> list[str]:
         *configuration_notes(df), "",
         _figure(plots.peer_latency_plot(df), "comparison_latency", results), "",
         _figure(plots.peer_latency_cdf(samples), "comparison_latency_cdf", results), "",
-        *latency_findings(df),
+        *peer_latency_findings(df),
     ]
 
 
@@ -678,7 +678,7 @@ def latency_method(df: pd.DataFrame) -> list[str]:
         "rate): its latency is a backlog that grows with the run, not a wake-up."]
 
 
-def latency_findings(df: pd.DataFrame) -> list[str]:
+def peer_latency_findings(df: pd.DataFrame) -> list[str]:
     """The sentences under the latency comparison, computed from its rows."""
     med = plots.peer_latency_runs(df)
     low = med[med["rate"] == med["rate"].min()]
