@@ -108,7 +108,10 @@ class Ticker:
             here = f" · {step['desc']} {done}/{total}"
             if 0 < done < total:
                 cell_left = (step["t"] - step["started"]) / done * (total - done)
-        left = "?" if cell_left is None else f"~{_clock(cell_left + self.remaining_after)}"
+        if cell_left is None:  # a cell that has not run at full size before
+            left = f"≥{_clock(self.remaining_after)}" if self.remaining_after else "?"
+        else:
+            left = f"~{_clock(cell_left + self.remaining_after)}"
         return f"[{_clock(now - self.started)} elapsed, {left} left] {self.label}{here}"
 
     def show(self, force: bool = False) -> None:
