@@ -40,7 +40,8 @@ def _run_line(results: Path) -> str:
                   f"{context.get('shared_buffers')}")
     if record:
         run = (f"one `make bench` run, started {record['started']} at commit "
-               f"`{record['commit']}` ({report._clock(sum(record.get('steps', {}).values()))})")
+               f"`{record['commit']}` (its notebooks and the ceiling table took "
+               f"{report._clock(sum(record.get('steps', {}).values()))})")
     else:
         run = f"results written {context.get('written', '?')} (no run record)"
     return (f"Measured on {machine}, {server} embedded, {durability}, by {run}. "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jobqueue.benchmarks import readme, save
+from jobqueue.benchmarks import readme, report, save
 from tests.benchmarks.test_benchmarks import _rows
 
 
@@ -53,3 +53,10 @@ def test_the_block_is_replaced_between_its_markers(tmp_path: Path) -> None:
         readme.update(page, "x")
     assert page.read_text() == "no markers\n"
 
+
+def test_the_committed_readme_says_what_the_committed_results_say() -> None:
+    text = readme.README.read_text()
+    block = text[text.index(readme.START):text.index(readme.END) + len(readme.END)]
+    assert block == readme.summary(report.RESULTS), (
+        "README.md's performance block differs from the results files: "
+        "run `python -m jobqueue.benchmarks.readme` (make bench does)")
