@@ -119,10 +119,16 @@ def test_a_bad_database_url_is_one_line(url: str, message: str) -> None:
 async def test_migrate_creates_the_schema(server_url: str) -> None:
     url = await db.create_database(server_url, "jobqueue_cli_migrate", replace=True)
     try:
+        missing = jobqueue("status", url=url)
+        assert "no jobqueue schema yet; run `jobqueue migrate`" in assert_one_line_error(missing)
         result = jobqueue("migrate", url=url)
         assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("schema at ") and "(was empty)" in result.stdout
+        assert "alembic" not in result.stderr  # its start-up chatter stays at DEBUG
         conn = await db.connect(url)
         assert await conn.fetchval("SELECT to_regclass('jobs') IS NOT NULL")
         await conn.close()
+        again = jobqueue("migrate", url=url)
+        assert again.returncode == 0 and "(already up to date)" in again.stdout
     finally:
         await db.drop_database(server_url, "jobqueue_cli_migrate")

@@ -70,11 +70,22 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Alembic's loggers that narrate its own start-up (plugins loaded, the
+#: dialect picked) at INFO: noise to someone migrating, kept for DEBUG.
+ALEMBIC_CHATTER = ("alembic.runtime.plugins", "alembic.runtime.migration")
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     url = use_database()  # first: importing alembic logs lines of its own
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in ALEMBIC_CHATTER:
+            logging.getLogger(name).setLevel(logging.WARNING)
     from jobqueue.schema import migrations
-
+    before = asyncio.run(migrations.current(url))
     asyncio.run(migrations.upgrade(url, revision=args.revision))
+    after = asyncio.run(migrations.current(url))
+    print(f"schema at {after or 'base'}" + (f" (was {before or 'empty'})" if before != after
+                                             else " (already up to date)"))
     return 0
 
 
@@ -391,6 +402,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = 130
     except (CliError, db.ConfigError) as e:
         print(f"jobqueue: error: {e}", file=sys.stderr)
+        code = 1
+    except asyncpg.UndefinedTableError as e:
+        print(f"jobqueue: error: {_one_line(e)}: the database has no jobqueue schema yet; "
+              "run `jobqueue migrate`", file=sys.stderr)
         code = 1
     except (OSError, asyncpg.PostgresError, SQLAlchemyError) as e:
         print(f"jobqueue: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)

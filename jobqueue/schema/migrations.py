@@ -36,6 +36,21 @@ async def upgrade(url: str | None = None, revision: str = "head") -> None:
     await _run(command.upgrade, url, revision)
 
 
+async def current(url: str | None = None) -> str | None:
+    """The revision the database's schema is at (None: never migrated), read
+    from alembic's version table."""
+    from jobqueue import db
+
+    conn = await db.connect(database_url(url))
+    try:
+        if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", VERSION_TABLE):
+            return None
+        return await conn.fetchval(  # type: ignore[no-any-return]
+            f"SELECT version_num FROM {VERSION_TABLE}")
+    finally:
+        await conn.close()
+
+
 async def downgrade(url: str | None, revision: str) -> None:
     """Take the database's schema back to `revision` (`base`: nothing left)."""
     await _run(command.downgrade, url, revision)
