@@ -105,16 +105,31 @@ def save(rows: list[dict[str, Any]], name: str, context: dict[str, str]) -> Path
     return path
 
 
+def context(name: str, directory: Path | None = None) -> dict[str, str]:
+    """A results file's `# key: value` lines (machine, settings, run), without
+    reading its rows."""
+    found: dict[str, str] = {}
+    with ((directory or results_dir()) / f"{name}.csv").open() as f:
+        for line in f:
+            if not line.startswith("# "):
+                break
+            key, _, value = line[2:].partition(": ")
+            found[key] = value.strip()
+    return found
+
+
 def load(name: str, directory: Path | None = None) -> tuple[Any, dict[str, str]]:
     """A results file as (DataFrame, context)."""
     import pandas as pd
 
     path = (directory or results_dir()) / f"{name}.csv"
-    context: dict[str, str] = {}
-    with path.open() as f:
-        for line in f:
-            if not line.startswith("# "):
-                break
-            key, _, value = line[2:].partition(": ")
-            context[key] = value.strip()
-    return pd.read_csv(path, comment="#"), context
+    return pd.read_csv(path, comment="#"), context(name, directory)
+
+
+def run_record(directory: Path) -> dict[str, Any]:
+    """`run.json` beside the results, which the bench driver writes: the last
+    full run and the partial reruns since ({} when there is none)."""
+    try:
+        return json.loads((directory / "run.json").read_text())  # type: ignore[no-any-return]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}

@@ -8,7 +8,6 @@ the sentences that comment on them are computed from the same numbers.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,8 @@ from typing import Any
 import matplotlib
 import pandas as pd
 
-from jobqueue.benchmarks import load, peers, plots
+from jobqueue.benchmarks import context as results_context
+from jobqueue.benchmarks import load, peers, plots, run_record
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 RESULTS = CHECKOUT / "notebooks" / "benchmarks" / "results"
@@ -800,7 +800,8 @@ def commit_cost_us(results: Path) -> float | None:
 
 
 def _limits(results: Path) -> str:
-    frames = [load(path.stem, results)[0] for path in sorted(results.glob("*.csv"))]
+    frames = [pd.read_csv(path, comment="#", usecols=lambda column: column == "workers")
+              for path in sorted(results.glob("*.csv"))]  # that column only
     most = max((int(f["workers"].dropna().max()) for f in frames
                 if "workers" in f.columns and f["workers"].notna().any()), default=1)
     commit = commit_cost_us(results)
@@ -857,15 +858,6 @@ SECTIONS: Sequence[tuple[str, Callable[[Path], str]]] = (
 )
 
 
-def _run_record(results: Path) -> dict[str, Any]:
-    """`run.json`, which the bench driver writes: the last full run and the
-    partial reruns since ({} when the results came some other way)."""
-    try:
-        return json.loads((results / "run.json").read_text())  # type: ignore[no-any-return]
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def _clock(seconds: float) -> str:
     return f"{int(seconds) // 60} min {int(seconds) % 60:02d} s"
 
@@ -894,8 +886,8 @@ def stamp(results: Path, name: str, record: dict[str, Any]) -> str:
     prefix = name.split("_")[0]
     runs: dict[tuple[str, str], list[str]] = {}
     for path in sorted(results.glob(f"{prefix}*.csv")):
-        _, context = load(path.stem, results)
-        runs.setdefault((context.get("run", "?"), context.get("commit", "?")), []).append(
+        stamp_of = results_context(path.stem, results)
+        runs.setdefault((stamp_of.get("run", "?"), stamp_of.get("commit", "?")), []).append(
             path.name)
     if list(runs) == [(record.get("started"), record.get("commit"))]:
         return (f"*From the run above (started {record['started']}, commit "
@@ -910,8 +902,8 @@ def render(results: Path = RESULTS, target: Path = CHECKOUT / "BENCHMARKS.md") -
     available = [(name, fn) for name, fn in SECTIONS if (results / f"{name}.csv").exists()]
     if not available:
         raise FileNotFoundError(f"no results in {results}: run `make bench` first")
-    _, context = load(available[0][0], results)
-    record = _run_record(results)
+    context = results_context(available[0][0], results)
+    record = run_record(results)
     body = ["# jobqueue — benchmarks", _header(results, record, context), _setup(context)]
     for name, fn in available:
         title, _, rest = fn(results).partition("\n")

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jobqueue.benchmarks import COMMIT_ENV, RUN_ENV, checkout_commit, progress
+from jobqueue.benchmarks import COMMIT_ENV, RUN_ENV, checkout_commit, progress, run_record
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = CHECKOUT / "notebooks" / "benchmarks"
@@ -142,13 +142,6 @@ class Ticker:
             sys.stdout.write("\n")
 
 
-def _previous_run(results: Path) -> dict[str, Any]:
-    try:
-        return json.loads((results / "run.json").read_text())  # type: ignore[no-any-return]
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def execute(name: str, ticker: Ticker, after: float, folder: Path = NOTEBOOKS) -> None:
     """Run one notebook in place, telling `ticker` which cell runs; the
     kernel's own stderr goes to a log shown only if a cell fails."""
@@ -217,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = datetime.now(UTC).isoformat(timespec="seconds")
     commit = checkout_commit()
-    previous = _previous_run(RESULTS)
+    previous = run_record(RESULTS)
     estimates = {n: notebook_estimate(n) for n in names}
     estimates.update({s: float(previous.get("steps", {}).get(s, 0.0))
                       for s in order if s in AFTER})
