@@ -11,6 +11,7 @@ bad job is a clear `ValueError` and nothing is written.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -19,6 +20,13 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from jobqueue.registry import check_job_type
+from jobqueue.schema.models import (
+    DEFAULT_QUEUE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE_NAME_PATTERN,
+    UNIQUE_KEY_MAX_LENGTH,
+)
 from jobqueue.schema.queries import queries
 
 #: Retries beyond this are surely a mistake (and must fit an integer column).
@@ -34,6 +42,42 @@ def check_max_retries(value: object) -> int:
         raise ValueError(f"max_retries must be a whole number, not {value!r}")
     if not 0 <= value <= MAX_RETRIES_LIMIT:
         raise ValueError(f"max_retries must be between 0 and {MAX_RETRIES_LIMIT}, not {value}")
+    return value
+
+
+_QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
+
+
+def check_queue(value: object) -> str:
+    """A queue name, or a ValueError saying what is wrong with it."""
+    if not isinstance(value, str):
+        raise ValueError(f"queue must be a string, not {type(value).__name__}")
+    if not _QUEUE_NAME.fullmatch(value):
+        raise ValueError(f"queue {value[:80]!r} is not a valid name: 1 to 64 letters, digits "
+                         "or the characters _ . : -")
+    return value
+
+
+def check_priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"priority must be a whole number, not {value!r}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ValueError(f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}, "
+                         f"not {value}")
+    return value
+
+
+def check_unique_key(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"unique_key must be a string, not {type(value).__name__}")
+    if not value:
+        raise ValueError("unique_key must not be empty (leave it out for no key)")
+    if len(value) > UNIQUE_KEY_MAX_LENGTH:
+        raise ValueError(f"unique_key is {len(value)} characters long; "
+                         f"the limit is {UNIQUE_KEY_MAX_LENGTH}")
+    check_strings(value, "unique_key")
     return value
 
 
@@ -92,21 +136,49 @@ async def enqueue(
     *,
     max_retries: int = 3,
     run_at: datetime | None = None,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    unique_key: str | None = None,
 ) -> uuid.UUID:
     """Add one job in the caller's transaction and return its id.
 
     `run_at` (timezone-aware) delays the job; it is compared with the
-    database's clock, not this machine's.
+    database's clock, not this machine's. `queue` routes it (workers serve
+    some queues, or all); `priority`: higher runs first among its queue's due
+    jobs (-1000 to 1000).
+
+    `unique_key`: while an unfinished job (pending, processing, retrying) holds
+    the key, nothing is written and that job's id comes back. The database's
+    unique index decides, so concurrent enqueues of one key from many
+    connections make one job. If another transaction holding the key has not
+    committed yet, this waits for it. In a REPEATABLE READ or SERIALIZABLE
+    transaction a key taken by a transaction that committed after this one
+    began raises a serialization failure instead: retry the transaction.
     """
     params = {
         "job_type": check_job_type(job_type),
         "payload": encode_payload(payload),
         "max_retries": check_max_retries(max_retries),
         "run_at": check_run_at(run_at),
+        "queue": check_queue(queue),
+        "priority": check_priority(priority),
+        "unique_key": check_unique_key(unique_key),
     }
-    result = await session.execute(queries["enqueue"].text, params)
-    job_id: uuid.UUID = result.scalar_one()
-    return job_id
+    # A key's holder can finish between the two statements: then insert again.
+    for _ in range(_UNIQUE_ATTEMPTS):
+        job_id: uuid.UUID | None = (
+            await session.execute(queries["enqueue"].text, params)).scalar_one_or_none()
+        if job_id is None:
+            job_id = (await session.execute(queries["find_unique"].text,
+                                            {"unique_key": unique_key})).scalar_one_or_none()
+        if job_id is not None:
+            return job_id
+    raise RuntimeError(f"unique key {unique_key!r} changed hands {_UNIQUE_ATTEMPTS} times "
+                       "while enqueuing; try again")
+
+
+#: Rounds of insert-or-find before giving up on a key that keeps changing hands.
+_UNIQUE_ATTEMPTS = 5
 
 
 async def enqueue_many(
@@ -116,16 +188,21 @@ async def enqueue_many(
     *,
     max_retries: int = 3,
     run_at: datetime | None = None,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
 ) -> list[uuid.UUID]:
     """Add many jobs of one type in one statement; ids in the payloads' order.
 
     All payloads are validated before anything is sent, so one bad payload
-    writes nothing.
+    writes nothing. (No unique keys here: one statement cannot both insert
+    and report which keys were held; use `enqueue` for keyed jobs.)
     """
     params = {
         "job_type": check_job_type(job_type),
         "max_retries": check_max_retries(max_retries),
         "run_at": check_run_at(run_at),
+        "queue": check_queue(queue),
+        "priority": check_priority(priority),
     }
     encoded = []
     for i, payload in enumerate(payloads):

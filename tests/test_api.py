@@ -349,7 +349,8 @@ async def test_cancel_a_retrying_job(client: httpx.AsyncClient, db_url: str) -> 
 async def test_a_claimed_job_cannot_be_cancelled(client: httpx.AsyncClient,
                                                  conn: asyncpg.Connection) -> None:
     job_id = await post_job(client)
-    claimed = await queries["claim"].fetch(conn, limit=1, worker_id=42)  # a worker took it
+    claimed = await queries["claim"].fetch(conn, limit=1, worker_id=42, queue="default",
+                                           job_types=["t"])  # a worker took it
     assert [r["id"] for r in claimed] == [job_id]
     response = await client.delete(f"/jobs/{job_id}")
     assert response.status_code == 409 and "is processing" in response.text

@@ -33,7 +33,8 @@ async def by_status(conn: asyncpg.Connection) -> dict[str, int]:
 
 
 async def register(conn: asyncpg.Connection, worker_id: int) -> None:
-    await queries["register_worker"].fetch(conn, id=worker_id, name="test", mode="exclusive")
+    await queries["register_worker"].fetch(conn, id=worker_id, name="test", mode="exclusive",
+                                     queues=None, job_types=[])
 
 
 def leader(config: WorkerConfig, conn: asyncpg.Connection, worker_id: int) -> upkeep.Leader:

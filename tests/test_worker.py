@@ -178,18 +178,41 @@ async def test_error_message_is_bounded(engine: AsyncEngine, db_url: str, conn) 
     assert len(__import__("json").loads(row["error_history"])[0]["error"]) == 2000
 
 
-async def test_unknown_job_type_fails_and_the_worker_goes_on(
+async def test_a_job_of_a_type_without_handler_is_left_waiting(
     engine: AsyncEngine, db_url: str, registry, conn
 ) -> None:
     async with engine.begin() as s:
         unknown = await enqueue(s, "no_such_type", {}, max_retries=5)
         known = await enqueue(s, "send_email", {"to": "a@b.c"})
     report = await drain(db_url, registry=registry)
-    row = await job(conn, unknown)
-    assert row["status"] == "failed" and row["retry_count"] == 0
-    assert "no_such_type" in row["error_message"]
-    assert await status_of(conn, known) == "completed"
-    assert report["processed"] == 1 and report["failed"] == 1
+    assert await status_of(conn, known) == "completed"  # the worker did work...
+    row = await job(conn, unknown)  # ...and never touched the job it cannot run
+    assert row["status"] == "pending" and row["retry_count"] == 0
+    assert row["error_message"] is None and row["started_at"] is None
+    assert report["processed"] == 1 and report["failed"] == 0
+
+
+async def test_a_handler_gone_between_claim_and_run_is_a_failed_attempt_retried(
+    engine: AsyncEngine, db_url: str, conn
+) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("first")
+    async def first(session: Any, payload: dict[str, Any]) -> None:
+        registry.remove("second")  # after the batch was taken, before its turn
+
+    @registry.register("second")
+    async def second(session: Any, payload: dict[str, Any]) -> None:
+        raise AssertionError("removed: never runs")
+
+    async with engine.begin() as s:
+        await enqueue(s, "first", {}, priority=1)  # runs first in the batch
+        gone = await enqueue(s, "second", {}, max_retries=2)
+    await drain(db_url, registry=registry, concurrency=1, quick_batch=0)
+    row = await job(conn, gone)
+    assert row["status"] == "retrying" and row["retry_count"] == 1  # not failed for good
+    assert "no handler registered for job type 'second'" in row["error_message"]
+    assert row["next_retry_at"] is not None
 
 
 async def test_handler_that_swallows_a_database_error_fails_alone(

@@ -219,7 +219,8 @@ def batch_steps(conn: asyncpg.Connection, batch: int
         await conn.execute("VACUUM ANALYZE jobs")
 
     async def claim_then_complete(n: int) -> None:
-        while rows := await queries["claim"].fetch(conn, limit=batch, worker_id=1):
+        while rows := await queries["claim"].fetch(conn, limit=batch, worker_id=1,
+                                                      queue="default", job_types=["noop"]):
             async with conn.transaction():
                 await queries["complete"].fetch(conn, ids=[r["id"] for r in rows],
                                                 results=[None] * len(rows), worker_id=1,
@@ -228,7 +229,8 @@ def batch_steps(conn: asyncpg.Connection, batch: int
     async def take_and_complete(n: int) -> None:
         while True:
             async with conn.transaction():
-                rows = await queries["take"].fetch(conn, limit=batch)
+                rows = await queries["take"].fetch(conn, limit=batch, queue="default",
+                                                     job_types=["noop"])
                 if not rows:
                     return
                 await queries["complete"].fetch(conn, ids=[r["id"] for r in rows],

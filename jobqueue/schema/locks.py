@@ -1,7 +1,7 @@
 """The advisory locks and the channel jobqueue uses, in one place.
 
 Advisory locks are named by two 32-bit integers (class, key). jobqueue owns
-two classes; pick other numbers for your own locks in the same database.
+three classes; pick other numbers for your own locks in the same database.
 """
 
 #: Class of the queue's own locks.
@@ -13,5 +13,9 @@ LEADER_KEY = 1
 #: Class of liveness locks: each worker holds (WORKER_LOCK_CLASS, its id) for
 #: as long as it lives, on its own connection.
 WORKER_LOCK_CLASS = 74_172
+#: Class of the locks that admit claimers to a limited queue one at a time
+#: (key: hashtext of the queue's name; two queues sharing a hash only wait
+#: for each other a little).
+QUEUE_LOCK_CLASS = 74_173
 #: The channel new jobs are announced on (a trigger on `jobs` notifies it).
 CHANNEL = "jobqueue"

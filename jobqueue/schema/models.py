@@ -15,21 +15,35 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
     String,
+    Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: Longest job type accepted; validated before PostgreSQL has to reject it.
 JOB_TYPE_MAX_LENGTH = 100
 #: `error_message` keeps at most this many characters of the last error.
 ERROR_MESSAGE_MAX_LENGTH = 2000
+#: What a queue may be called: short, and safe in a URL path, a metric label
+#: and a shell command without quoting.
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+QUEUE_NAME_MAX_LENGTH = 64
+#: The queue a job goes to when nobody names one (a plain SQL insert too).
+DEFAULT_QUEUE = "default"
+#: Priorities run from -1000 to 1000: room for any scheme of levels, and a
+#: timestamp or an id passed by mistake is refused instead of sorting first.
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
+#: Longest unique key accepted.
+UNIQUE_KEY_MAX_LENGTH = 255
 
 
 class JobStatus(enum.StrEnum):
@@ -77,6 +91,13 @@ class Job(Base):
     job_type: Mapped[str] = mapped_column(String(JOB_TYPE_MAX_LENGTH))
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     status: Mapped[str] = mapped_column(String(20), server_default=text("'pending'"))
+    # Routing: a worker serves some queues (all by default); among a queue's
+    # due jobs, higher priority first, then earlier due time.
+    queue: Mapped[str] = mapped_column(String(QUEUE_NAME_MAX_LENGTH),
+                                       server_default=text(f"'{DEFAULT_QUEUE}'"))
+    priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # At most one unfinished job per key (`uq_jobs_unique_key`); NULL: no key.
+    unique_key: Mapped[str | None] = mapped_column(String(UNIQUE_KEY_MAX_LENGTH))
 
     # Retry tracking: retry_count counts retries done (Celery's meaning), so a job
     # that always fails runs max_retries + 1 times.
@@ -115,11 +136,27 @@ class Job(Base):
         CheckConstraint("max_retries >= 0", name="max_retries_non_negative"),
         CheckConstraint("jsonb_typeof(payload) = 'object'", name="payload_is_object"),
         CheckConstraint("length(job_type) > 0", name="job_type_not_empty"),
-        # What a worker scans to claim: only pickable jobs, by due time.
+        CheckConstraint(f"queue ~ '{QUEUE_NAME_PATTERN}'", name="queue_name"),
+        CheckConstraint(f"priority BETWEEN {PRIORITY_MIN} AND {PRIORITY_MAX}",
+                        name="priority_range"),
+        # What a worker scans to claim: only pickable jobs, one queue at a
+        # time, in the order they run (priority, then due time), so a claim
+        # reads the first entries of its queue and stops.
         Index(
             "idx_jobs_pickable",
+            "queue",
+            text("priority DESC"),
             "run_at",
             postgresql_where=text("status IN ('pending', 'retrying')"),
+        ),
+        # One unfinished job per unique key: the database decides, so two
+        # concurrent enqueues cannot both win.
+        Index(
+            "uq_jobs_unique_key",
+            "unique_key",
+            unique=True,
+            postgresql_where=text(
+                "unique_key IS NOT NULL AND status IN ('pending', 'processing', 'retrying')"),
         ),
         # What recovery scans: jobs a worker holds.
         Index(
@@ -155,8 +192,62 @@ class Worker(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")
     )
+    # What it takes: the queues it serves (NULL: every queue) and the job
+    # types it has handlers for, so an operator sees which waiting jobs no
+    # live worker will ever take.
+    queues: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    job_types: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
 
     __table_args__ = (
         CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
         CheckConstraint("state IN ('standby', 'active', 'shared')", name="state"),
+    )
+
+
+class Queue(Base):
+    """A queue's fleet-wide settings: paused, a concurrency limit, a rate
+    limit. Only queues someone configured have a row; a queue without one
+    runs unlimited, and its claims pay one index probe of this small table.
+
+    The rate limit counts starts in fixed windows of `rate_period` seconds
+    aligned to the clock (`window_start`, `window_count`): at most
+    `rate_limit` jobs start in each.
+    """
+
+    __tablename__ = "jobqueue_queues"
+
+    name: Mapped[str] = mapped_column(String(QUEUE_NAME_MAX_LENGTH), primary_key=True)
+    paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    concurrency: Mapped[int | None] = mapped_column(Integer)
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    rate_period: Mapped[float | None] = mapped_column(Float)
+    window_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    window_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+
+    __table_args__ = (
+        CheckConstraint(f"name ~ '{QUEUE_NAME_PATTERN}'", name="name"),
+        CheckConstraint("concurrency > 0", name="concurrency_positive"),
+        CheckConstraint("rate_limit > 0 AND rate_period > 0", name="rate_positive"),
+        CheckConstraint("(rate_limit IS NULL) = (rate_period IS NULL)", name="rate_complete"),
+    )
+
+
+class Schedule(Base):
+    """A recurring job (cron or interval) and the last tick enqueued for it.
+
+    The maintenance leader advances `last_tick` and enqueues the tick's job in
+    one statement, so a tick is enqueued once however many workers run and
+    whichever of them leads.
+    """
+
+    __tablename__ = "jobqueue_schedules"
+
+    job_type: Mapped[str] = mapped_column(String(JOB_TYPE_MAX_LENGTH), primary_key=True)
+    schedule: Mapped[str] = mapped_column(String(200))
+    last_tick: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
     )

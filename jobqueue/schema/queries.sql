@@ -6,11 +6,24 @@
 -- statement records (inside a batch transaction, now() is when the batch began).
 
 -- enqueue --
--- One job, inside the caller's transaction. NULL run_at means due now.
-INSERT INTO jobs (job_type, payload, max_retries, run_at)
+-- One job, inside the caller's transaction. NULL run_at means due now. With a
+-- unique key already held by an unfinished job, nothing is written and no row
+-- comes back (the partial unique index decides, so concurrent enqueues of one
+-- key cannot both insert; a second one waits for the first to commit or roll
+-- back). `find_unique` then names the job that holds the key.
+INSERT INTO jobs (job_type, payload, max_retries, run_at, queue, priority, unique_key)
 VALUES (:job_type, CAST(:payload AS jsonb), :max_retries,
-        COALESCE(CAST(:run_at AS timestamptz), now()))
+        COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority, :unique_key)
+ON CONFLICT (unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'processing', 'retrying')
+    DO NOTHING
 RETURNING id;
+
+-- find_unique --
+-- The unfinished job holding a unique key (in a statement of its own, so it
+-- sees a holder that committed while `enqueue` waited for it).
+SELECT id FROM jobs
+WHERE unique_key = :unique_key AND status IN ('pending', 'processing', 'retrying');
 
 -- enqueue_many --
 -- Many jobs of one type in one statement; ids come back in the payloads' order.
@@ -18,22 +31,32 @@ WITH new AS (
     SELECT gen_random_uuid() AS id, payload, n
     FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS t(payload, n)
 ), inserted AS (
-    INSERT INTO jobs (id, job_type, payload, max_retries, run_at)
+    INSERT INTO jobs (id, job_type, payload, max_retries, run_at, queue, priority)
     SELECT id, :job_type, CAST(payload AS jsonb), :max_retries,
-           COALESCE(CAST(:run_at AS timestamptz), now())
+           COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority
     FROM new
 )
 SELECT id FROM new ORDER BY n;
 
 -- claim --
--- Take up to :limit due jobs for worker :worker_id and commit at once, so they
--- show `processing` while a long batch runs. SKIP LOCKED lets concurrent
--- claimers pass each other instead of queueing up.
+-- Take up to :limit due jobs of queue :queue for worker :worker_id and commit
+-- at once, so they show `processing` while a long batch runs. Only jobs of the
+-- types the worker has handlers for (:job_types): the others wait for a
+-- worker that knows them. Highest priority first, then earliest due, read off
+-- idx_jobs_pickable in that order. SKIP LOCKED lets concurrent claimers pass
+-- each other instead of queueing up. A queue that is paused or limited
+-- (a row in jobqueue_queues says so) gives nothing here: its jobs go through
+-- `claim_limited`. That check runs once per statement (an InitPlan, one probe
+-- of a small table), so queues without settings pay nothing else for them.
 WITH due AS (
     SELECT id
     FROM jobs
-    WHERE status IN ('pending', 'retrying') AND run_at <= now()
-    ORDER BY run_at
+    WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
+      AND job_type = ANY(CAST(:job_types AS text[]))
+      AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
+                      WHERE q.name = :queue
+                        AND (q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL))
+    ORDER BY priority DESC, run_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )
@@ -48,12 +71,103 @@ RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j
 -- writing them: a quick batch is claimed, run and recorded in one transaction,
 -- one new row version per job instead of two. The lock keeps other workers
 -- off until the commit; a crash rolls back and releases them untouched.
+-- What it may take is what `claim` may (the same queue, types and gate).
 SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries
 FROM jobs
-WHERE status IN ('pending', 'retrying') AND run_at <= now()
-ORDER BY run_at
+WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
+  AND job_type = ANY(CAST(:job_types AS text[]))
+  AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
+                  WHERE q.name = :queue
+                    AND (q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL))
+ORDER BY priority DESC, run_at
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
+
+-- lock_queue --
+-- Admission to a limited queue, one claimer at a time fleet-wide: held until
+-- the claim commits, so the next claimer's `claim_limited` (a new statement,
+-- a new snapshot) counts the jobs this one started.
+SELECT pg_advisory_xact_lock(:lock_class, hashtext(:queue));
+
+-- claim_limited --
+-- `claim` for a queue with settings, after `lock_queue` in the same
+-- transaction: no more than its concurrency limit running (jobs `processing`
+-- in it, on every worker) and no more than its rate limit started in the
+-- current window of rate_period seconds (aligned to the clock); nothing at
+-- all while it is paused or if its row is gone. The window's count is kept on
+-- the queue's row; started_at and the window come from the same clock
+-- reading, so the database's own timestamps show the limit kept.
+WITH q AS (
+    SELECT concurrency, rate_limit,
+           to_timestamp(floor(extract(epoch FROM statement_timestamp()) / rate_period)
+                        * rate_period) AS window_now,
+           window_start, window_count
+    FROM jobqueue_queues
+    WHERE name = :queue AND NOT paused
+), room AS (
+    SELECT greatest(0, least(
+        :limit,
+        q.concurrency - (SELECT count(*) FROM jobs WHERE status = 'processing'
+                                                     AND queue = :queue),
+        q.rate_limit - CASE WHEN q.window_start = q.window_now THEN q.window_count
+                            ELSE 0 END)) AS n
+    FROM q
+), due AS (
+    SELECT id
+    FROM jobs
+    WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
+      AND job_type = ANY(CAST(:job_types AS text[]))
+    ORDER BY priority DESC, run_at
+    LIMIT coalesce((SELECT n FROM room), 0)
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE jobs AS j
+    SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
+    FROM due
+    WHERE j.id = due.id
+    RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
+              j.max_retries
+), counted AS (
+    UPDATE jobqueue_queues AS s
+    SET window_start = q.window_now,
+        window_count = CASE WHEN s.window_start = q.window_now THEN s.window_count ELSE 0 END
+                       + (SELECT count(*) FROM claimed)
+    FROM q
+    WHERE s.name = :queue AND s.rate_limit IS NOT NULL
+      AND EXISTS (SELECT 1 FROM claimed)
+)
+SELECT * FROM claimed;
+
+-- waiting_queues --
+-- Each queue with waiting jobs and when its earliest one is due (seconds from
+-- now; negative: overdue). A loose index scan of idx_jobs_pickable: one probe
+-- per (queue, priority) that has jobs, never a pass over the jobs themselves,
+-- however many wait. Workers serving every queue learn the queues from it,
+-- and every worker its next wake-up.
+WITH RECURSIVE g AS (
+    (SELECT queue, priority, run_at FROM jobs
+     WHERE status IN ('pending', 'retrying')
+     ORDER BY queue, priority DESC, run_at LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.priority, n.run_at
+    FROM g, LATERAL (
+        (SELECT queue, priority, run_at FROM jobs
+         WHERE status IN ('pending', 'retrying') AND queue = g.queue AND priority < g.priority
+         ORDER BY queue, priority DESC, run_at LIMIT 1)
+        UNION ALL
+        (SELECT queue, priority, run_at FROM jobs
+         WHERE status IN ('pending', 'retrying') AND queue > g.queue
+         ORDER BY queue, priority DESC, run_at LIMIT 1)
+        LIMIT 1) AS n
+)
+SELECT queue, CAST(extract(epoch FROM min(run_at) - now()) AS float8) AS due_in
+FROM g
+GROUP BY queue
+ORDER BY queue;
+
+-- queue_settings --
+-- Every queue someone configured (paused, or limited). Tiny: read whole.
+SELECT name, paused, concurrency, rate_limit, rate_period FROM jobqueue_queues;
 
 -- retake --
 -- Lock given jobs again, if still waiting and due (a quick batch that could
@@ -158,10 +272,12 @@ FROM (SELECT count(*) AS n FROM back) AS c;
 
 -- register_worker --
 -- A worker introduces itself; its heartbeat starts now.
-INSERT INTO jobqueue_workers (id, name, mode, state)
-VALUES (:id, :name, :mode, 'standby')
+-- It says what it takes (queues, NULL: all; job types), for `jobqueue status`.
+INSERT INTO jobqueue_workers (id, name, mode, state, queues, job_types)
+VALUES (:id, :name, :mode, 'standby', CAST(:queues AS text[]), CAST(:job_types AS text[]))
 ON CONFLICT (id) DO UPDATE
 SET name = EXCLUDED.name, mode = EXCLUDED.mode, state = 'standby',
+    queues = EXCLUDED.queues, job_types = EXCLUDED.job_types,
     started_at = now(), heartbeat_at = now();
 
 -- heartbeat --
@@ -228,10 +344,16 @@ WHERE id IN (
 );
 
 -- next_due --
--- Seconds until the earliest waiting job is due (negative: overdue; NULL: none).
+-- Seconds until the earliest waiting job this worker could run is due
+-- (negative: overdue; NULL: none), in :queues (NULL: every queue) and not
+-- paused. Exact, so
+-- a pass over the waiting jobs: only a burst worker asks, once idle, to know
+-- whether it is done.
 SELECT extract(epoch FROM min(run_at) - now()) AS seconds
 FROM jobs
-WHERE status IN ('pending', 'retrying');
+WHERE status IN ('pending', 'retrying') AND job_type = ANY(CAST(:job_types AS text[]))
+  AND (CAST(:queues AS text[]) IS NULL OR queue = ANY(CAST(:queues AS text[])))
+  AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q WHERE q.name = jobs.queue AND q.paused);
 
 -- lock_worker --
 -- Announce this worker as alive: a session lock on its dedicated connection.

@@ -9,6 +9,8 @@ stopped early):
   jobs show `processing` with this worker's id and stay its own after a
   rollback. Unfinished ones must be handed back (`hand_back`), or they wait
   for a rescue; running them again needs only a new transaction.
+- **limited** (`Limited`): claimed, for queues that are paused or limited
+  fleet-wide; admitted one claimer at a time.
 - **taken** (`Taken`): locked by the batch's own transaction (`take`), never
   written until their outcome; unfinished ones need nothing, the end of the
   transaction releases them. Running them again means locking them again
@@ -22,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from jobqueue.schema.locks import QUEUE_LOCK_CLASS
 from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
 from jobqueue.schema.queries import queries
 from jobqueue.worker.handler import ClaimedJob
@@ -32,15 +35,19 @@ class Claimed:
 
     taken = False
 
-    async def start(self, raw: Any, limit: int, worker_id: int
-                    ) -> tuple[Any, list[ClaimedJob]] | None:
-        """Claim up to `limit` due jobs, then begin the batch's transaction."""
-        rows = await queries["claim"].fetch(raw, limit=limit, worker_id=worker_id)
+    async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
+                    job_types: list[str]) -> tuple[Any, list[ClaimedJob]] | None:
+        """Claim up to `limit` due jobs of `queue`, then begin the batch's transaction."""
+        rows = await self._claim(raw, limit=limit, worker_id=worker_id, queue=queue,
+                                 job_types=job_types)
         if not rows:
             return None
         tx = raw.transaction()
         await tx.start()
         return tx, list(map(ClaimedJob._make, rows))
+
+    async def _claim(self, raw: Any, **values: Any) -> list[Any]:
+        return await queries["claim"].fetch(raw, **values)
 
     async def again(self, raw: Any, jobs: list[ClaimedJob]
                     ) -> tuple[Any, list[ClaimedJob]] | None:
@@ -54,15 +61,30 @@ class Claimed:
         return ids
 
 
+class Limited(Claimed):
+    """Jobs of a paused or limited queue: claimed like `Claimed`, but admitted
+    one claimer at a time fleet-wide (`lock_queue`, then `claim_limited`, in
+    one transaction), so that the count of running jobs and the rate
+    window's count each claimer reads include every claim before it. Only
+    ever claimed: a limit counts `processing` jobs, and a quick batch's jobs
+    never show that."""
+
+    async def _claim(self, raw: Any, **values: Any) -> list[Any]:
+        async with raw.transaction():
+            await queries["lock_queue"].execute(raw, lock_class=QUEUE_LOCK_CLASS,
+                                                queue=values["queue"])
+            return await queries["claim_limited"].fetch(raw, **values)
+
+
 class Taken:
     """Jobs locked inside the batch's own transaction (a quick batch)."""
 
     taken = True
 
-    async def start(self, raw: Any, limit: int, worker_id: int
-                    ) -> tuple[Any, list[ClaimedJob]] | None:
-        """Begin the batch's transaction and lock up to `limit` due jobs in it."""
-        locked = await lock(raw, "take", limit=limit)
+    async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
+                    job_types: list[str]) -> tuple[Any, list[ClaimedJob]] | None:
+        """Begin the batch's transaction and lock up to `limit` due jobs of `queue` in it."""
+        locked = await lock(raw, "take", limit=limit, queue=queue, job_types=job_types)
         if locked is None:
             return None
         tx, rows = locked
@@ -84,7 +106,7 @@ class Taken:
         return []
 
 
-CLAIMED, TAKEN = Claimed(), Taken()
+CLAIMED, LIMITED, TAKEN = Claimed(), Limited(), Taken()
 BatchKind = Claimed | Taken
 
 

@@ -6,8 +6,11 @@ reaching into the runner for its attributes.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from jobqueue.enqueue import check_queue
 from jobqueue.retry import RetryPolicy
 
 DAY = 86_400.0
@@ -56,6 +59,14 @@ class WorkerConfig:
         did (counts, rate, latency percentiles); 0: none. Each job's own line
         is at DEBUG (a line per job would cost a fast worker half its speed);
         failures are WARNINGs, always.
+    queues: which queues to serve, and how. Empty (the default): every
+        queue; the `concurrency` lanes take turns among the queues that have
+        waiting jobs, a batch from each in turn, so a flood in one queue
+        delays the others by a batch at most. Names only ("emails,reports",
+        or a list): only those, shared by the `concurrency` lanes the same
+        way. With lane counts ("emails=4,reports=1", or a mapping): that many
+        lanes for each queue, serving it alone (a queue named without a count
+        gets one), and `concurrency` is not used.
     """
 
     concurrency: int = DEFAULT_CONCURRENCY
@@ -71,8 +82,10 @@ class WorkerConfig:
     keep_completed: float = 7 * DAY
     keep_failed: float = 30 * DAY
     summary_interval: float = 10.0
+    queues: tuple[tuple[str, int | None], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "queues", parse_queues(self.queues))
         if self.retry_policy is None:  # JobRunner(retry_policy=None): the default
             object.__setattr__(self, "retry_policy", RetryPolicy())
         if self.concurrency < 1:
@@ -96,6 +109,18 @@ class WorkerConfig:
             raise ValueError("summary interval must be a finite number of seconds, 0 or more")
 
     @property
+    def served(self) -> tuple[str, ...] | None:
+        """The queues this worker takes jobs from (None: every queue)."""
+        return tuple(name for name, _ in self.queues) or None
+
+    @property
+    def lane_queues(self) -> list[tuple[str, ...] | None]:
+        """What each lane serves: a lane per entry (None: every queue)."""
+        if any(lanes is not None for _, lanes in self.queues):
+            return [(name,) for name, lanes in self.queues for _ in range(lanes or 1)]
+        return [self.served] * self.concurrency
+
+    @property
     def tick(self) -> float:
         """Seconds between heartbeats (and fencing checks): several per lease."""
         return min(0.5, self.lease / 4)
@@ -106,3 +131,47 @@ class WorkerConfig:
         lease, so a statement stuck behind a lock (or a slow prune) gives up
         while this worker's heartbeat can still come in time."""
         return self.lease / 2
+
+
+def parse_queues(spec: Any) -> tuple[tuple[str, int | None], ...]:
+    """Queues to serve, from "emails=4,reports" (the CLI's form), a list of
+    names, a mapping of name to lanes, or the parsed form itself; a
+    ValueError that names the mistake otherwise."""
+    if spec is None or spec == "":
+        return ()
+    items: list[tuple[Any, Any]]
+    if isinstance(spec, str):
+        items = []
+        for part in spec.split(","):
+            name, sep, lanes = part.strip().partition("=")
+            if not name and not sep:
+                raise ValueError(f"queues {spec!r}: an empty name (two commas in a row?)")
+            items.append((name.strip(), _lanes(lanes.strip(), name) if sep else None))
+    elif isinstance(spec, Mapping):
+        items = list(spec.items())
+    elif isinstance(spec, Sequence):
+        items = [item if isinstance(item, tuple) else (item, None) for item in spec]
+    else:
+        raise ValueError(f"queues must be a string, a list or a mapping, not "
+                         f"{type(spec).__name__}")
+    seen: set[str] = set()
+    parsed = []
+    for name, lanes in items:
+        check_queue(name)
+        if name in seen:
+            raise ValueError(f"queue {name!r} is named twice")
+        seen.add(name)
+        if lanes is not None and (isinstance(lanes, bool) or not isinstance(lanes, int)
+                                  or lanes < 1):
+            raise ValueError(f"queue {name!r}: lanes must be a whole number, 1 or more, "
+                             f"not {lanes!r}")
+        parsed.append((name, lanes))
+    return tuple(parsed)
+
+
+def _lanes(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"queue {name!r}: lanes must be a whole number, not {text!r}"
+                         ) from None

@@ -52,6 +52,7 @@ from jobqueue.registry import HandlerRegistry
 from jobqueue.schema.queries import queries
 from jobqueue.worker.batch import (
     CLAIMED,
+    LIMITED,
     TAKEN,
     BatchKind,
     Decided,
@@ -83,6 +84,7 @@ from jobqueue.worker.handler import (
     touched,
     undo_impossible,
 )
+from jobqueue.worker.queues import QueueBook
 from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.worker")
@@ -117,6 +119,10 @@ class Life:
     abandon: asyncio.Event
     #: Return claimed jobs to the queue on the worker's monitor connection.
     hand_back: Callable[[list[uuid.UUID] | None], Awaitable[int]]
+    #: The queues as this worker last saw them (waiting jobs, settings).
+    book: QueueBook
+    #: The job types it has handlers for: the only ones it claims.
+    job_types: list[str]
 
 
 #: Weight of the newest batch in a lane's running estimate of a job's run time.
@@ -127,8 +133,14 @@ class Lane:
     """One of a worker's `concurrency` lanes."""
 
     def __init__(self, config: WorkerConfig, life: Life, engine: AsyncEngine,
-                 number: int) -> None:
+                 number: int, serves: tuple[str, ...] | None = None) -> None:
         self.config = config
+        #: The queues this lane takes from (None: every queue with waiting jobs).
+        self.serves = serves
+        #: Where the next batch's turn among the queues starts.
+        self.turn = 0
+        #: The queues the last empty round tried.
+        self.tried: set[str] = set()
         self.life = life
         self.worker_id = life.worker_id
         self.registry = life.registry
@@ -213,15 +225,31 @@ class Lane:
                 await session.close()
 
     async def _next_batch(self, conn: AsyncConnection, session: AsyncSession) -> bool:
-        """Take and run one batch; False when nothing was due."""
+        """Take and run one batch; False when nothing was due.
+
+        The queues take turns: the batch comes from the first of them, from
+        this lane's turn on, that has a due job it may take, and the next turn
+        starts after it. So every queue with due jobs gets a batch within one
+        round, whatever floods another."""
+        book, raw = self.life.book, self.raw
+        await book.read_settings(raw)
+        queues = self.serves or book.known()
         take, limit = self.plan()
-        batch = TAKEN if take else CLAIMED
-        started = await batch.start(self.raw, limit, self.worker_id)
-        if started is None:
-            return False
-        tx, jobs = started
-        await self._run_batch(conn, session, tx, jobs, batch)
-        return True
+        for step in range(len(queues)):
+            queue = queues[(self.turn + step) % len(queues)]
+            if book.paused(queue):
+                continue
+            batch: BatchKind = (LIMITED if book.limited(queue)
+                                else TAKEN if take else CLAIMED)
+            started = await batch.start(raw, limit, self.worker_id, queue,
+                                        self.life.job_types)
+            if started is not None:
+                self.turn = (self.turn + step + 1) % len(queues)
+                tx, jobs = started
+                await self._run_batch(conn, session, tx, jobs, batch)
+                return True
+        self.tried = set(queues)
+        return False
 
     def _full(self, taken: bool, started: float, savepoints: int, job: ClaimedJob) -> bool:
         """Must the batch stop before `job`? A quick batch that outruns
@@ -247,9 +275,19 @@ class Lane:
 
     async def _wait_for_work(self) -> bool:
         """Sleep until a job may be due. False when a burst run is done."""
-        due_in = await queries["next_due"].fetchval(self.raw)
-        if self.config.burst and (due_in is None or due_in > 0):
-            return False
+        book = self.life.book
+        await book.look(self.raw)
+        if self.serves is None and any(due <= 0 for queue, due in book.waiting.items()
+                                       if queue not in self.tried):
+            return True  # a queue this lane has not tried yet: try it at once
+        if self.config.burst:
+            due_in = await queries["next_due"].fetchval(
+                self.raw, job_types=self.life.job_types,
+                queues=None if self.serves is None else list(self.serves))
+            if due_in is None or due_in > 0:
+                return False
+        else:
+            due_in = book.due_in(self.serves)
         timeout = self.config.poll_interval
         if due_in is not None and due_in > 0:
             timeout = min(timeout, float(due_in))
@@ -424,8 +462,9 @@ class Lane:
         when a plain job's writes cannot be undone alone."""
         handler = self.registry.get(job.job_type)
         if handler is None:
-            self._fail(job, f"no handler registered for job type {job.job_type!r}", out, None,
-                       final=True)
+            # Claimed for a handler that is gone (removed since the claim): a
+            # failed attempt, retried, for a worker that still has it.
+            self._fail(job, f"no handler registered for job type {job.job_type!r}", out, None)
             return
         started = time.perf_counter()
         token = _current_job.set(job)
@@ -482,9 +521,9 @@ class Lane:
         return encoded
 
     def _fail(self, job: ClaimedJob, error: str, out: Outcomes, seconds: float | None,
-              log: bool = True, final: bool = False) -> None:
+              log: bool = True) -> None:
         """Note a failed attempt: retried after its backoff, or failed for good."""
-        retry = not final and job.retry_count < job.max_retries
+        retry = job.retry_count < job.max_retries
         delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
         out.failure(job.id, error, retry=retry, delay=delay)
         if not log:

@@ -15,7 +15,10 @@ A worker's life, top-down:
    fenced by a standby once its heartbeat is older than the lease). In shared
    mode skip this: every worker works, SKIP LOCKED shares the jobs.
 3. **Work.** LISTEN for new jobs, rescue the jobs of dead workers, run
-   `concurrency` lanes (`lane.py`), each given the config and a `Life`.
+   the lanes (`lane.py`: `concurrency` of them, or as many as `queues`
+   asks for), each given the config, a `Life` and the queues it serves. A
+   worker takes only jobs of the types it has handlers for; it says which
+   (and which queues) in its `jobqueue_workers` row.
 4. **Stop or start over.** SIGTERM: stop claiming, let running handlers finish
    within the grace period, hand back what did not start; a second signal or
    the end of the grace period abandons running handlers (their transactions
@@ -50,6 +53,7 @@ from jobqueue.worker import upkeep
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.handler import lane_engine
 from jobqueue.worker.lane import Lane, Life
+from jobqueue.worker.queues import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.stats import WorkerStats
 from jobqueue.worker.upkeep import Fenced, Heartbeat, Leader, rescue
 
@@ -99,6 +103,10 @@ class JobRunner:
         self.stats = WorkerStats()
         self.was_active = False
         self.wake = asyncio.Event()
+        #: The queues as this worker sees them, shared by its lanes.
+        self.book = QueueBook(self.config.poll_interval)
+        #: The job types it claims: those with handlers when its life began.
+        self.job_types: list[str] = []
         #: The monitor connection serves one statement at a time: the leader's
         #: chores and the runner's hand-backs take turns.
         self.monitor_lock = asyncio.Lock()
@@ -191,9 +199,12 @@ class JobRunner:
                 stack.push_async_callback(self._close_monitor, monitor)
                 self._monitor = monitor
                 self._connections.append(monitor)
+                self.job_types = list(self.registry)
                 await queries["register_worker"].fetch(
                     monitor, id=self.worker_id, name=self.name,
-                    mode="shared" if config.shared else "exclusive")
+                    mode="shared" if config.shared else "exclusive",
+                    queues=None if config.served is None else list(config.served),
+                    job_types=self.job_types)
                 beating = await upkeep.connect(url, self._app_name("heartbeat"), config)
                 stack.push_async_callback(_close, beating)
                 self._connections.append(beating)
@@ -208,7 +219,7 @@ class JobRunner:
                 if not await self._contest(control, guards):
                     return
                 await self._activate(control)
-                engine = lane_engine(url, config.concurrency, self._app_name("lane"))
+                engine = lane_engine(url, len(config.lane_queues), self._app_name("lane"))
                 stack.push_async_callback(engine.dispose)
                 await self._work(engine, guards)
             except Exception as exc:
@@ -296,8 +307,10 @@ class JobRunner:
         """Run the lanes until they finish (burst), a stop, or a guard trips."""
         life = Life(worker_id=self.worker_id, registry=self.registry, stats=self.stats,
                     isolated_types=self.isolated_types, wake=self.wake,
-                    stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back)
-        lanes = [Lane(self.config, life, engine, n) for n in range(self.config.concurrency)]
+                    stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back,
+                    book=self.book, job_types=self.job_types)
+        lanes = [Lane(self.config, life, engine, n, serves)
+                 for n, serves in enumerate(self.config.lane_queues)]
         tasks = [asyncio.create_task(lane.run()) for lane in lanes]
         all_lanes: asyncio.Future[list[None]] = asyncio.gather(*tasks)
         summaries = asyncio.create_task(self._log_summaries())
@@ -406,7 +419,9 @@ class JobRunner:
 
     # -- small things ---------------------------------------------------------
 
-    def _on_notify(self, *_: object) -> None:
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload == SETTINGS_CHANGED:
+            self.book.settings_changed()
         self.wake.set()
 
     def _app_name(self, role: str) -> str:

@@ -1,0 +1,80 @@
+"""What a worker knows about the queues: which have waiting jobs, and which
+are paused or limited. Shared by its lanes, read fresh from the database.
+
+Knowing is only for choosing: the claim statements themselves check the
+settings against the committed `jobqueue_queues` table (`queries.sql`), so a
+worker that has not heard of a pause yet still takes nothing from the paused
+queue. A stale book costs a lane an empty claim, never a broken limit.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+from jobqueue.schema.queries import queries
+
+#: Payload of the notification sent when a queue's settings change.
+SETTINGS_CHANGED = "queues"
+
+
+class Settings(NamedTuple):
+    paused: bool
+    limited: bool
+
+
+class QueueBook:
+    """The queues seen by one worker (all its lanes), refreshed by the lanes
+    on their own connections when they run out of work, and the settings at
+    least every `poll_interval` or as soon as a change is announced."""
+
+    def __init__(self, poll_interval: float) -> None:
+        self.poll_interval = poll_interval
+        #: Queue -> seconds until its earliest waiting job is due, at the last look.
+        self.waiting: dict[str, float] = {}
+        self.looked_at = 0.0
+        self.settings: dict[str, Settings] = {}
+        self.settings_read_at = -float("inf")
+
+    def settings_changed(self) -> None:
+        """A notification said a queue was paused, resumed or limited."""
+        self.settings_read_at = -float("inf")
+
+    def known(self) -> list[str]:
+        """Queues with waiting jobs at the last look, in name order."""
+        return list(self.waiting)
+
+    def paused(self, queue: str) -> bool:
+        s = self.settings.get(queue)
+        return s is not None and s.paused
+
+    def limited(self, queue: str) -> bool:
+        s = self.settings.get(queue)
+        return s is not None and s.limited
+
+    async def read_settings(self, raw: Any, force: bool = False) -> None:
+        """Reread the settings if they may be stale (every poll interval)."""
+        now = time.monotonic()
+        if not force and now - self.settings_read_at < self.poll_interval:
+            return
+        self.settings_read_at = now
+        rows = await queries["queue_settings"].fetch(raw)
+        self.settings = {
+            r["name"]: Settings(r["paused"], r["concurrency"] is not None
+                                or r["rate_limit"] is not None)
+            for r in rows}
+
+    async def look(self, raw: Any) -> None:
+        """Which queues have waiting jobs, and when each is due next."""
+        rows = await queries["waiting_queues"].fetch(raw)
+        self.waiting = {r["queue"]: r["due_in"] for r in rows}
+        self.looked_at = time.monotonic()
+        await self.read_settings(raw)
+
+    def due_in(self, served: tuple[str, ...] | None) -> float | None:
+        """Seconds until the earliest waiting job of `served` (None: every
+        queue) is due, paused queues left out; None: nothing waits. A lower
+        bound for sleeping: it counts jobs of every type."""
+        times = [due for queue, due in self.waiting.items()
+                 if (served is None or queue in served) and not self.paused(queue)]
+        return min(times) if times else None
