@@ -22,6 +22,7 @@ status`), `testing` for your tests, and `embedded/`, the optional PostgreSQL
 example handlers) and `benchmarks/` measures; the queue never imports either.
 """
 
+from jobqueue import queues
 from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry, JobHandler, handlers
 from jobqueue.retry import RetryPolicy

@@ -14,7 +14,7 @@ from jobqueue.worker import WorkerConfig
 from jobqueue.worker.batch import CLAIMED, TAKEN
 from jobqueue.worker.handler import SAVEPOINT_LIMIT
 from jobqueue.worker.lane import Lane, Life, Plan
-from jobqueue.worker.queues import QueueBook
+from jobqueue.worker.book import QueueBook
 from jobqueue.worker.stats import WorkerStats
 
 

@@ -529,3 +529,41 @@ SELECT id, job_type, status,
        CAST(result AS text) AS result
 FROM jobs
 WHERE id = :id;
+
+-- ---- Queue settings (jobqueue.queues) ----
+
+-- queue_set_paused --
+-- Pause or resume a queue fleet-wide, and tell the workers (at commit).
+WITH s AS (
+    INSERT INTO jobqueue_queues AS q (name, paused)
+    VALUES (:queue, :paused)
+    ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
+    RETURNING q.name
+)
+SELECT pg_notify('jobqueue', 'queues') FROM s;
+
+-- queue_set_limits --
+-- Set a queue's limits (:set_concurrency / :set_rate false: keep that one as
+-- it is; a NULL value: no limit), and tell the workers (at commit). A new
+-- rate starts a new window count.
+WITH s AS (
+    INSERT INTO jobqueue_queues AS q (name, concurrency, rate_limit, rate_period)
+    VALUES (:queue, CAST(:concurrency AS integer), CAST(:rate_limit AS integer),
+            CAST(:rate_period AS float8))
+    ON CONFLICT (name) DO UPDATE
+    SET concurrency = CASE WHEN :set_concurrency THEN EXCLUDED.concurrency
+                           ELSE q.concurrency END,
+        rate_limit = CASE WHEN :set_rate THEN EXCLUDED.rate_limit ELSE q.rate_limit END,
+        rate_period = CASE WHEN :set_rate THEN EXCLUDED.rate_period ELSE q.rate_period END,
+        window_start = CASE WHEN :set_rate THEN NULL ELSE q.window_start END,
+        window_count = CASE WHEN :set_rate THEN 0 ELSE q.window_count END,
+        updated_at = now()
+    RETURNING q.name
+)
+SELECT pg_notify('jobqueue', 'queues') FROM s;
+
+-- queue_forget_plain --
+-- A queue with no pause and no limits needs no row: without one, its claims
+-- take the fast path.
+DELETE FROM jobqueue_queues
+WHERE name = :queue AND NOT paused AND concurrency IS NULL AND rate_limit IS NULL;

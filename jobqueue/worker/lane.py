@@ -84,7 +84,7 @@ from jobqueue.worker.handler import (
     touched,
     undo_impossible,
 )
-from jobqueue.worker.queues import QueueBook
+from jobqueue.worker.book import QueueBook
 from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.worker")

@@ -53,7 +53,7 @@ from jobqueue.worker import upkeep
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.handler import lane_engine
 from jobqueue.worker.lane import Lane, Life
-from jobqueue.worker.queues import SETTINGS_CHANGED, QueueBook
+from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.stats import WorkerStats
 from jobqueue.worker.upkeep import Fenced, Heartbeat, Leader, rescue
 
