@@ -42,4 +42,5 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "handlers",
+    "queues",
 ]

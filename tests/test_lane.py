@@ -12,9 +12,9 @@ import pytest
 from jobqueue import HandlerRegistry, JobRunner
 from jobqueue.worker import WorkerConfig
 from jobqueue.worker.batch import CLAIMED, TAKEN
+from jobqueue.worker.book import QueueBook
 from jobqueue.worker.handler import SAVEPOINT_LIMIT
 from jobqueue.worker.lane import Lane, Life, Plan
-from jobqueue.worker.book import QueueBook
 from jobqueue.worker.stats import WorkerStats
 
 

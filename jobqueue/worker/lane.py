@@ -62,6 +62,7 @@ from jobqueue.worker.batch import (
     decided_of,
     rollback,
 )
+from jobqueue.worker.book import QueueBook
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.handler import (
     DB_ERROR,
@@ -84,7 +85,6 @@ from jobqueue.worker.handler import (
     touched,
     undo_impossible,
 )
-from jobqueue.worker.book import QueueBook
 from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.worker")

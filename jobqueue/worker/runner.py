@@ -50,10 +50,10 @@ from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.schema.locks import ACTIVE_KEY, CHANNEL, LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.schema.queries import queries
 from jobqueue.worker import upkeep
+from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.handler import lane_engine
 from jobqueue.worker.lane import Lane, Life
-from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.stats import WorkerStats
 from jobqueue.worker.upkeep import Fenced, Heartbeat, Leader, rescue
 
