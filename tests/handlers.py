@@ -56,3 +56,9 @@ async def effect(session: AsyncSession, payload: dict[str, Any]) -> dict[str, An
 @handlers.register("noop")
 async def noop(session: AsyncSession, payload: dict[str, Any]) -> None:
     return None
+
+
+@handlers.register("sleep")
+async def sleep(session: AsyncSession, payload: dict[str, Any]) -> None:
+    """Take `seconds` (a slow job that writes nothing)."""
+    await asyncio.sleep(float(payload.get("seconds", 0.05)))
