@@ -3,7 +3,9 @@
 `runner` (a worker's life: connections, locks, standby, takeover, stop) runs
 `lane`s (each takes a batch, runs its handlers, commits it); a lane plans
 each batch (`Plan`) and holds its jobs one of two ways (`batch`: taken or
-claimed, each with its own hand-back rule); `handler` is what a handler sees
+claimed, each with its own hand-back rule) from the queues it serves, in
+turn (`book`: which queues have waiting jobs, which are paused or
+limited); `handler` is what a handler sees
 (its session and the hooks behind it, `current_job()`); `upkeep` keeps the
 worker alive and the queue clean (heartbeat and fencing, rescue and
 pruning); `stats` counts. Every part is given a `WorkerConfig` (`config`)
