@@ -19,9 +19,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from jobqueue.registry import check_job_type
 from jobqueue.schema.models import (
     DEFAULT_QUEUE,
+    JOB_TYPE_MAX_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE_NAME_PATTERN,
@@ -35,6 +35,25 @@ MAX_RETRIES_LIMIT = 1000
 PAYLOAD_MAX_BYTES = 1_000_000
 
 Executor = AsyncSession | AsyncConnection
+
+
+def check_job_type(job_type: object) -> str:
+    """The job type, or a ValueError that says what is wrong with it."""
+    if not isinstance(job_type, str):
+        raise ValueError(f"job type must be a string, not {type(job_type).__name__}")
+    if not job_type.strip():
+        raise ValueError("job type must not be empty")
+    if len(job_type) > JOB_TYPE_MAX_LENGTH:
+        raise ValueError(
+            f"job type is {len(job_type)} characters long; the limit is {JOB_TYPE_MAX_LENGTH}"
+        )
+    if "\x00" in job_type:
+        raise ValueError("job type must not contain NUL characters")
+    try:
+        job_type.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("job type contains a lone surrogate, which is not valid Unicode") from None
+    return job_type
 
 
 def check_max_retries(value: object) -> int:

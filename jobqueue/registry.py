@@ -1,44 +1,32 @@
-"""Handlers by job type.
+"""Handlers by job type, and the schedules of those that recur.
 
 A handler is `async def handler(session, payload) -> result`. The session is an
 `AsyncSession` whose work runs inside a savepoint of the worker's batch
 transaction: what the handler writes commits together with the job's
 completion, or rolls back alone if the handler fails.
+
+`register(..., cron=...)` or `every=...` also makes the type recur
+(`schedules.py`); the maintenance leader of whichever worker imports the
+module enqueues its ticks (`worker/scheduler.py`).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from jobqueue.schema.models import JOB_TYPE_MAX_LENGTH
+from jobqueue.enqueue import check_job_type
+from jobqueue.schedules import ScheduleSpec
+from jobqueue.schema.models import DEFAULT_QUEUE
 
 logger = logging.getLogger(__name__)
 
 JobHandler = Callable[[AsyncSession, dict[str, Any]], Awaitable[Any]]
-
-
-def check_job_type(job_type: object) -> str:
-    """The job type, or a ValueError that says what is wrong with it."""
-    if not isinstance(job_type, str):
-        raise ValueError(f"job type must be a string, not {type(job_type).__name__}")
-    if not job_type.strip():
-        raise ValueError("job type must not be empty")
-    if len(job_type) > JOB_TYPE_MAX_LENGTH:
-        raise ValueError(
-            f"job type is {len(job_type)} characters long; the limit is {JOB_TYPE_MAX_LENGTH}"
-        )
-    if "\x00" in job_type:
-        raise ValueError("job type must not contain NUL characters")
-    try:
-        job_type.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("job type contains a lone surrogate, which is not valid Unicode") from None
-    return job_type
 
 
 class HandlerRegistry:
@@ -46,13 +34,36 @@ class HandlerRegistry:
 
     def __init__(self) -> None:
         self._handlers: dict[str, JobHandler] = {}
+        self._schedules: dict[str, ScheduleSpec] = {}
 
-    def register(self, job_type: str) -> Callable[[JobHandler], JobHandler]:
-        """Decorator: `@handlers.register("send_email")`."""
+    def register(self, job_type: str, *, cron: str | None = None, every: int | None = None,
+                 queue: str | None = None, priority: int | None = None
+                 ) -> Callable[[JobHandler], JobHandler]:
+        """Decorator: `@handlers.register("send_email")`.
+
+        With `cron="0 3 * * *"` (five fields, UTC) or `every=60` (seconds), the
+        type also recurs: one job per tick, fleet-wide, in `queue` with
+        `priority`. Those two apply to the scheduled jobs only (`enqueue`
+        takes its own), so they are refused without a schedule. Everything is
+        checked here, before the function is even decorated: a bad schedule
+        is a ValueError at the line that registers it, and nothing is kept.
+        """
         check_job_type(job_type)
+        spec = None
+        if cron is not None or every is not None:
+            spec = ScheduleSpec(cron=cron, every=every,
+                                queue=DEFAULT_QUEUE if queue is None else queue,
+                                priority=0 if priority is None else priority)
+        elif queue is not None or priority is not None:
+            raise ValueError(f"queue and priority apply to scheduled jobs: register "
+                             f"{job_type!r} with cron= or every=, or pass them to enqueue()")
 
         def decorator(func: JobHandler) -> JobHandler:
             self.add(job_type, func)
+            if spec is None:
+                self._schedules.pop(job_type, None)
+            else:
+                self._schedules[job_type] = spec
             return func
 
         return decorator
@@ -67,6 +78,12 @@ class HandlerRegistry:
 
     def remove(self, job_type: str) -> None:
         self._handlers.pop(job_type, None)
+        self._schedules.pop(job_type, None)
+
+    @property
+    def schedules(self) -> Mapping[str, ScheduleSpec]:
+        """The recurring job types and their schedules (read-only)."""
+        return MappingProxyType(self._schedules)
 
     def get(self, job_type: str) -> JobHandler | None:
         return self._handlers.get(job_type)

@@ -65,6 +65,8 @@ async def test_run_at_schedules_the_job(db_url: str, conn: asyncpg.Connection) -
         (["status", "not-a-uuid"], "not a job id"),
         (["status", str(uuid.UUID(int=7))], "no job"),
         (["worker", "--import", "no_such_module_anywhere"], "cannot import"),
+        (["worker", "--import", "tests.bad_schedule"],
+         "ValueError: cron expression '61 * * * *' is not valid: bad minute"),
         (["worker", "--concurrency", "0", "--burst"], "concurrency"),
         (["worker", "--summary-interval", "-1", "--burst"], "summary interval"),
         (["worker", "--summary-interval", "inf", "--burst"], "summary interval"),

@@ -44,6 +44,8 @@ DEFAULT_QUEUE = "default"
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 #: Longest unique key accepted.
 UNIQUE_KEY_MAX_LENGTH = 255
+#: Longest schedule text (a cron expression, or `every Ns`) a schedule row holds.
+SCHEDULE_MAX_LENGTH = 200
 
 
 class JobStatus(enum.StrEnum):
@@ -246,7 +248,7 @@ class Schedule(Base):
     __tablename__ = "jobqueue_schedules"
 
     job_type: Mapped[str] = mapped_column(String(JOB_TYPE_MAX_LENGTH), primary_key=True)
-    schedule: Mapped[str] = mapped_column(String(200))
+    schedule: Mapped[str] = mapped_column(String(SCHEDULE_MAX_LENGTH))
     last_tick: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")

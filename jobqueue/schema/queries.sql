@@ -567,3 +567,54 @@ SELECT pg_notify('jobqueue', 'queues') FROM s;
 -- take the fast path.
 DELETE FROM jobqueue_queues
 WHERE name = :queue AND NOT paused AND concurrency IS NULL AND rate_limit IS NULL;
+
+-- ---- Schedules ----
+
+-- schedule_clock --
+-- The database's time: every tick is computed from it, never from a worker's
+-- clock, so workers on machines whose clocks disagree agree on the ticks.
+SELECT now();
+
+-- schedule_register --
+-- The leader's schedules, once it leads: a new one starts at its latest tick
+-- (:ticks, so nothing is enqueued before its next one); one already known
+-- takes the expression it has now and keeps its last tick, so a tick missed
+-- while no worker ran is enqueued once, by `schedule_fire`. Each row's last
+-- tick comes back.
+INSERT INTO jobqueue_schedules AS s (job_type, schedule, last_tick)
+SELECT job_type, schedule, tick
+FROM unnest(CAST(:job_types AS text[]), CAST(:schedules AS text[]),
+            CAST(:ticks AS timestamptz[])) AS n(job_type, schedule, tick)
+ON CONFLICT (job_type) DO UPDATE
+SET schedule = EXCLUDED.schedule,
+    updated_at = CASE WHEN s.schedule = EXCLUDED.schedule THEN s.updated_at ELSE now() END
+RETURNING s.job_type, s.last_tick;
+
+-- schedule_fire --
+-- Enqueue the tick :ticks (ISO 8601 text) of each schedule whose last tick is
+-- older, and advance its last tick, in one statement: the job and the
+-- schedule's row commit together or not at all. Exactly once per tick: a
+-- second leader firing the same tick at the same moment waits for the first
+-- one's row lock, then finds last_tick no longer older and does nothing; the
+-- unique key (schedule:<type>:<tick>) also refuses a second job for the tick
+-- while the first is unfinished. The job's payload is {"tick": "<ISO>"}.
+WITH due AS (
+    SELECT job_type, tick, CAST(tick AS timestamptz) AS at, queue, priority
+    FROM unnest(CAST(:job_types AS text[]), CAST(:ticks AS text[]),
+                CAST(:queues AS text[]), CAST(:priorities AS integer[]))
+         AS d(job_type, tick, queue, priority)
+), advanced AS (
+    UPDATE jobqueue_schedules AS s
+    SET last_tick = due.at
+    FROM due
+    WHERE s.job_type = due.job_type AND s.last_tick < due.at
+    RETURNING due.job_type, due.tick, due.queue, due.priority
+)
+INSERT INTO jobs (job_type, payload, queue, priority, unique_key)
+SELECT job_type, jsonb_build_object('tick', tick), queue, priority,
+       'schedule:' || job_type || ':' || tick
+FROM advanced
+ON CONFLICT (unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'processing', 'retrying')
+    DO NOTHING
+RETURNING id, job_type, payload ->> 'tick' AS tick;

@@ -210,7 +210,8 @@ class JobRunner:
                 self._connections.append(beating)
                 heartbeat = Heartbeat(config, beating, self.worker_id, lambda: self.role,
                                       self.stats)
-                leader = Leader(config, monitor, self.worker_id, self.stats, self.monitor_lock)
+                leader = Leader(config, monitor, self.worker_id, self.stats, self.monitor_lock,
+                                schedules=self.registry.schedules)
                 guards = [asyncio.create_task(heartbeat.run_forever()),
                           asyncio.create_task(leader.run_forever()),
                           asyncio.ensure_future(lost.wait())]

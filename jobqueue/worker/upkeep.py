@@ -8,8 +8,9 @@ their own, so that neither ever waits for the other:
   is harmless); the jobs of those it fenced are rescued at once.
 - `Leader`, on the *monitor* connection (shared with the runner's hand-backs,
   under its lock): contest the maintenance leader's lock, and, as leader,
-  return the jobs of dead workers to the queue (rescue) and delete finished
-  jobs past their retention (prune, in slices).
+  return the jobs of dead workers to the queue (rescue), enqueue the ticks of
+  recurring jobs that are due (`scheduler.py`) and delete finished jobs past
+  their retention (prune, in slices).
 
 Every statement on these connections gives up after the config's
 `statement_timeout`, half the lease: a prune stuck behind a lock fails and
@@ -23,16 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import asyncpg
 
 from jobqueue import db
 from jobqueue.errors import is_connection_error, one_line
+from jobqueue.schedules import ScheduleSpec
 from jobqueue.schema.locks import LEADER_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.schema.queries import queries
 from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.scheduler import Scheduler
 from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.maintenance")
@@ -127,16 +130,20 @@ class Heartbeat:
 
 
 class Leader:
-    """The maintenance leader's chores (rescue, prune), for one life of one
-    worker; every worker contests the lock, one holds it."""
+    """The maintenance leader's chores (rescue, recurring jobs, prune), for
+    one life of one worker; every worker contests the lock, one holds it.
+    `schedules`: the recurring jobs of the worker's registry, which only the
+    leader enqueues."""
 
     def __init__(self, config: WorkerConfig, conn: asyncpg.Connection, worker_id: int,
-                 stats: WorkerStats, lock: asyncio.Lock) -> None:
+                 stats: WorkerStats, lock: asyncio.Lock,
+                 schedules: Mapping[str, ScheduleSpec] | None = None) -> None:
         self.config = config
         self.conn = conn
         self.worker_id = worker_id
         self.stats = stats
         self.lock = lock  # the connection's: the runner hands jobs back on it too
+        self.scheduler = Scheduler(schedules or {})
         self.leader = False
         self.last_prune = 0.0
 
@@ -145,7 +152,7 @@ class Leader:
 
     async def run_once(self) -> dict[str, Any]:
         config = self.config
-        rescued = pruned = 0
+        rescued = scheduled = pruned = 0
         async with self.lock:
             if not self.leader:
                 self.leader = bool(await queries["try_lock"].fetchval(
@@ -154,6 +161,7 @@ class Leader:
                     logger.info("worker %d leads maintenance", self.worker_id)
             if self.leader:
                 rescued = await rescue(self.conn)
+                scheduled = await self._schedule()
                 now = asyncio.get_running_loop().time()
                 if now - self.last_prune >= PRUNE_EVERY:
                     self.last_prune = now  # a pass that fails waits its minute too
@@ -163,4 +171,18 @@ class Leader:
         _note_rescued(rescued, self.stats)
         if pruned:
             logger.info("pruned %d finished job(s) past retention", pruned)
-        return {"leader": self.leader, "rescued": rescued, "pruned": pruned}
+        return {"leader": self.leader, "rescued": rescued, "scheduled": scheduled,
+                "pruned": pruned}
+
+    async def _schedule(self) -> int:
+        """Recurring jobs due, enqueued. A failure here (a statement timeout)
+        is logged and tried again next tick without holding up the pruning
+        after it; a lost connection ends the life, as everywhere."""
+        try:
+            return await self.scheduler.run_once(self.conn)
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise
+            logger.error("recurring jobs not enqueued (%s); trying again next tick",
+                         one_line(exc))
+            return 0
