@@ -368,10 +368,6 @@ SELECT pg_advisory_lock(:lock_class, :key);
 -- Let go of every session lock this connection holds.
 SELECT pg_advisory_unlock_all();
 
--- counts_by_status --
--- How many jobs are in each state.
-SELECT status, count(*) AS n FROM jobs GROUP BY status;
-
 -- recent_finished --
 -- Finished jobs of the last :window seconds: counts and latency percentiles.
 SELECT count(*) FILTER (WHERE status = 'completed') AS completed,
@@ -394,15 +390,17 @@ WHERE (j.status IN ('pending', 'processing', 'retrying')
   AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window);
 
 -- workers --
--- Workers that announced themselves, with their heartbeat's age.
-SELECT id, name, mode, state, started_at,
+-- Workers that announced themselves, with their heartbeat's age and what
+-- they take (queues, NULL: every queue; the job types they have handlers for).
+SELECT id, name, mode, state, started_at, queues, job_types,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age
 FROM jobqueue_workers
 ORDER BY started_at;
 
 -- get_job --
 -- One job, everything about it.
-SELECT id, job_type, payload, status, retry_count, max_retries, next_retry_at, run_at,
+SELECT id, job_type, queue, priority, unique_key, payload, status, retry_count, max_retries,
+       next_retry_at, run_at,
        error_message, error_history, result, created_at, started_at, completed_at, worker_id
 FROM jobs
 WHERE id = :id;
@@ -455,8 +453,18 @@ WHERE id = :id AND status IN ('pending', 'retrying')
 RETURNING id;
 
 -- metrics_jobs --
--- How many jobs are in each state, by type.
-SELECT status, job_type, count(*) AS n FROM jobs GROUP BY status, job_type;
+-- How many jobs are in each state, by queue and type, and of the waiting
+-- ones how many are due and since when the earliest of them (seconds; NULL:
+-- none due). One pass over the table serves the metrics, `jobqueue status`
+-- and `jobqueue queue list` alike; which of the due jobs no live worker
+-- takes is worked out from this and the workers' rows, in Python.
+SELECT status, queue, job_type, count(*) AS n,
+       count(*) FILTER (WHERE status IN ('pending', 'retrying') AND run_at <= now()) AS due,
+       CAST(extract(epoch FROM now() - min(run_at) FILTER (
+           WHERE status IN ('pending', 'retrying') AND run_at <= now())) AS float8)
+           AS oldest_due_age
+FROM jobs
+GROUP BY status, queue, job_type;
 
 -- queue_health --
 -- Seconds the longest-waiting due job has been due (NULL: none waiting), and
