@@ -408,17 +408,18 @@ WHERE id = :id;
 -- ---- HTTP API and observability ----
 
 -- api_list_jobs --
--- A page of jobs, newest first, optionally of one status and one type. Keyset
+-- A page of jobs, newest first, optionally of one status, type and queue. Keyset
 -- pagination: (:before_created_at, :before_id) is the last row of the previous
 -- page (NULL for the first), so a deep page costs what the first one does and
 -- jobs added meanwhile never shift a page (each job shows up once).
-SELECT id, job_type, status, retry_count, max_retries, run_at, next_retry_at,
-       error_message, created_at, started_at, completed_at,
+SELECT id, job_type, queue, priority, status, retry_count, max_retries, run_at,
+       next_retry_at, error_message, created_at, started_at, completed_at,
        jsonb_array_length(error_history)
            + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts
 FROM jobs
 WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
   AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+  AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
   AND (CAST(:before_created_at AS timestamptz) IS NULL
        OR (created_at, id) < (CAST(:before_created_at AS timestamptz), CAST(:before_id AS uuid)))
 ORDER BY created_at DESC, id DESC
@@ -528,7 +529,7 @@ LIMIT :limit;
 -- One job for the HTTP API, with its attempts (failed ones recorded, plus a
 -- running or successful one). The JSON columns come as text and go into the
 -- response as they are: no parsing, however large or deeply nested.
-SELECT id, job_type, status,
+SELECT id, job_type, queue, priority, unique_key, status,
        jsonb_array_length(error_history)
            + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts,
        retry_count, max_retries, run_at, next_retry_at, error_message,
