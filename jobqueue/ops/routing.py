@@ -146,6 +146,14 @@ async def _rows(conn: Conn, name: str) -> list[dict[str, Any]]:
     return [dict(r) for r in (await conn.execute(query.text)).mappings()]
 
 
+def _group(row: Mapping[str, Any]) -> Group:
+    """A `metrics_jobs` row; its due figures count for waiting jobs only."""
+    if row["status"] not in WAITING or not row["due"]:
+        return Group(row["status"], row["queue"], row["job_type"], int(row["n"]))
+    return Group(row["status"], row["queue"], row["job_type"], int(row["n"]), int(row["due"]),
+                 row["oldest_age"])
+
+
 async def read_settings(conn: Conn) -> dict[str, Settings]:
     """Every configured queue's settings (a tiny table, read whole)."""
     out = {}
@@ -158,8 +166,7 @@ async def read_settings(conn: Conn) -> dict[str, Settings]:
 
 async def read(conn: Conn) -> Routing:
     """Read what the surfaces show: three statements, one pass over `jobs`."""
-    groups = [Group(r["status"], r["queue"], r["job_type"], int(r["n"]), int(r["due"]),
-                    r["oldest_due_age"]) for r in await _rows(conn, "metrics_jobs")]
+    groups = [_group(r) for r in await _rows(conn, "metrics_jobs")]
     return Routing(groups, await read_settings(conn), await _rows(conn, "workers"))
 
 

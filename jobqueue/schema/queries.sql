@@ -454,16 +454,16 @@ WHERE id = :id AND status IN ('pending', 'retrying')
 RETURNING id;
 
 -- metrics_jobs --
--- How many jobs are in each state, by queue and type, and of the waiting
--- ones how many are due and since when the earliest of them (seconds; NULL:
--- none due). One pass over the table serves the metrics, `jobqueue status`
--- and `jobqueue queue list` alike; which of the due jobs no live worker
--- takes is worked out from this and the workers' rows, in Python.
+-- How many jobs are in each state, by queue and type; how many are due, and
+-- the seconds since the earliest run_at (when any is due, that is how long
+-- the longest-waiting one has been due). Only the waiting states' figures
+-- mean anything: the others' are left unfiltered, one comparison less per
+-- row. One pass over the table serves the metrics, `jobqueue status` and
+-- `jobqueue queue list` alike; which due jobs no live worker takes is
+-- worked out from this and the workers' rows, in Python.
 SELECT status, queue, job_type, count(*) AS n,
-       count(*) FILTER (WHERE status IN ('pending', 'retrying') AND run_at <= now()) AS due,
-       CAST(extract(epoch FROM now() - min(run_at) FILTER (
-           WHERE status IN ('pending', 'retrying') AND run_at <= now())) AS float8)
-           AS oldest_due_age
+       count(*) FILTER (WHERE run_at <= now()) AS due,
+       CAST(extract(epoch FROM now() - min(run_at)) AS float8) AS oldest_age
 FROM jobs
 GROUP BY status, queue, job_type;
 
