@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -148,6 +148,14 @@ def encode_payload(payload: object) -> str:
     return encoded
 
 
+class Enqueued(NamedTuple):
+    """What `try_enqueue` did: the job's id, and whether this call made it
+    (False: an unfinished job already held the unique key; `id` is that job's)."""
+
+    id: uuid.UUID
+    created: bool
+
+
 async def enqueue(
     session: Executor,
     job_type: str,
@@ -174,6 +182,24 @@ async def enqueue(
     transaction a key taken by a transaction that committed after this one
     began raises a serialization failure instead: retry the transaction.
     """
+    return (await try_enqueue(session, job_type, payload, max_retries=max_retries,
+                              run_at=run_at, queue=queue, priority=priority,
+                              unique_key=unique_key)).id
+
+
+async def try_enqueue(
+    session: Executor,
+    job_type: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    max_retries: int = 3,
+    run_at: datetime | None = None,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    unique_key: str | None = None,
+) -> Enqueued:
+    """`enqueue`, saying whether the job is new or the unique key's holder:
+    for callers that must tell their own user (the CLI, the HTTP API)."""
     params = {
         "job_type": check_job_type(job_type),
         "payload": encode_payload(payload),
@@ -187,11 +213,12 @@ async def enqueue(
     for _ in range(_UNIQUE_ATTEMPTS):
         job_id: uuid.UUID | None = (
             await session.execute(queries["enqueue"].text, params)).scalar_one_or_none()
-        if job_id is None:
-            job_id = (await session.execute(queries["find_unique"].text,
-                                            {"unique_key": unique_key})).scalar_one_or_none()
         if job_id is not None:
-            return job_id
+            return Enqueued(job_id, True)
+        job_id = (await session.execute(queries["find_unique"].text,
+                                        {"unique_key": unique_key})).scalar_one_or_none()
+        if job_id is not None:
+            return Enqueued(job_id, False)
     raise RuntimeError(f"unique key {unique_key!r} changed hands {_UNIQUE_ATTEMPTS} times "
                        "while enqueuing; try again")
 

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobqueue import HandlerRegistry, db, embedded
+from jobqueue.api import TOKEN_ENV, create_app
 from jobqueue.schema import migrations
 from jobqueue.testing import WorkerProcess
 
@@ -111,15 +113,28 @@ def run_cli(*args: str, url: str | None) -> subprocess.CompletedProcess[str]:
 def spawn_worker(db_url: str, tmp_path: Path) -> Iterator[object]:
     started: list[WorkerProcess] = []
 
-    def spawn(*args: str) -> WorkerProcess:
+    def spawn(*args: str, handlers: str = "tests.handlers") -> WorkerProcess:
+        """A `jobqueue worker ARGS` importing the module `handlers`."""
         w = WorkerProcess(db_url, tmp_path / f"worker-{len(started)}.log",
-                          "--import", "tests.handlers", *args, cwd=ROOT)
+                          "--import", handlers, *args, cwd=ROOT)
         started.append(w)
         return w
 
     yield spawn
     for w in started:
         w.close()
+
+
+@pytest.fixture
+async def client(db_url: str, monkeypatch: pytest.MonkeyPatch
+                 ) -> AsyncIterator[httpx.AsyncClient]:
+    """The HTTP API of `jobqueue serve` on this test's database, in process."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    app = create_app(db_url)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://test") as c:
+        yield c
+    await app.state.jobqueue_engine.dispose()
 
 
 @pytest.fixture

@@ -148,7 +148,19 @@ BIG = "x" * 1_000_001
         ({"job_type": "t", "run_at": "2030-01-01T00:00:00"}, "time zone"),
         ({"job_type": "t", "run_at": 1700000000}, "ISO 8601"),
         ({"job_type": "t", "run_at": "0001-01-01T00:00:00+14:00"}, "out of range"),
-        ({"job_type": "t", "priority": 1}, "Extra inputs"),
+        ({"job_type": "t", "prio": 1}, "Extra inputs"),
+        ({"job_type": "t", "queue": "no spaces"}, "not a valid name"),
+        ({"job_type": "t", "queue": "x" * 65}, "not a valid name"),
+        ({"job_type": "t", "queue": 7}, "must be a string"),
+        ({"job_type": "t", "queue": None}, "must be a string"),
+        ({"job_type": "t", "priority": 1001}, "between -1000 and 1000"),
+        ({"job_type": "t", "priority": "3"}, "whole number"),
+        ({"job_type": "t", "priority": 2.5}, "whole number"),
+        ({"job_type": "t", "unique_key": ""}, "must not be empty"),
+        ({"job_type": "t", "unique_key": "k" * 256}, "limit is 255"),
+        ({"job_type": "t", "unique_key": 42}, "must be a string"),
+        ({"job_type": "t", "unique_key": "a\u0000"}, "NUL"),
+        ({"job_type": "t", "unique_key": "\ud800"}, "surrogate"),
     ],
 )
 async def test_bad_input_is_a_422_with_a_message(
@@ -368,6 +380,122 @@ async def test_bad_cancel_reasons_are_422(client: httpx.AsyncClient, conn: async
     assert await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job_id) == "pending"
 
 
+# -- routing: queues, priorities, unique keys, pause and limits ------------------------------
+
+
+async def test_enqueue_into_a_queue_with_priority_and_a_unique_key(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    body = {"job_type": "t", "queue": "emails", "priority": 7, "unique_key": "welcome:42"}
+    first = await client.post("/jobs", json=body)
+    assert first.status_code == 201, first.text
+    job_id = first.json()["id"]
+    assert first.json() == {"id": job_id, "existed": False}
+
+    again = await client.post("/jobs", json={**body, "payload": {"other": True}})
+    assert again.status_code == 200, again.text
+    assert again.json() == {"id": job_id, "existed": True}
+    assert again.headers["location"] == f"http://test/jobs/{job_id}"
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 1
+
+    job = (await client.get(f"/jobs/{job_id}")).json()
+    assert (job["queue"], job["priority"], job["unique_key"], job["payload"]) == (
+        "emails", 7, "welcome:42", {})
+    plain = (await client.get(f"/jobs/{await post_job(client)}")).json()
+    assert (plain["queue"], plain["priority"], plain["unique_key"]) == ("default", 0, None)
+
+
+async def test_list_filters_by_queue_and_shows_queue_and_priority(
+    client: httpx.AsyncClient
+) -> None:
+    mail = await post_job(client, queue="mail", priority=3)
+    await post_job(client)
+    page = (await client.get("/jobs", params={"queue": "mail"})).json()
+    assert [(j["id"], j["queue"], j["priority"]) for j in page["jobs"]] == [
+        (str(mail), "mail", 3)]
+    assert len((await client.get("/jobs")).json()["jobs"]) == 2
+    bad = await client.get("/jobs", params={"queue": "no spaces"})
+    assert bad.status_code == 422 and "not a valid name" in bad.text
+
+
+async def test_queues_pause_resume_and_limits(client: httpx.AsyncClient,
+                                              conn: asyncpg.Connection) -> None:
+    assert (await client.get("/queues")).json() == {"queues": [], "unserved": []}
+    await post_job(client, queue="mail")
+    await post_job(client, queue="mail", run_at="2031-01-01T00:00:00+00:00")
+
+    paused = await client.post("/queues/mail/pause")
+    assert paused.status_code == 200, paused.text
+    assert paused.json() == {"queue": "mail", "paused": True, "concurrency": None, "rate": None}
+    limited = await client.put("/queues/mail/limits", json={"concurrency": 4, "rate": "20/s"})
+    assert limited.json() == {"queue": "mail", "paused": True, "concurrency": 4, "rate": "20/s"}
+    kept = await client.put("/queues/mail/limits", json={"rate": None})  # concurrency kept
+    assert kept.json() == {"queue": "mail", "paused": True, "concurrency": 4, "rate": None}
+    per_hour = await client.put("/queues/api/limits", json={"rate": "1000/h"})
+    assert per_hour.json()["rate"] == "1000/h"
+
+    listed = (await client.get("/queues")).json()
+    assert [q["queue"] for q in listed["queues"]] == ["api", "mail"]
+    mail = listed["queues"][1]
+    assert mail["counts"] == {"pending": 2, "processing": 0, "completed": 0, "failed": 0,
+                              "retrying": 0}
+    assert (mail["running"], mail["paused"], mail["concurrency"], mail["rate"]) == (
+        0, True, 4, None)
+    assert mail["oldest_due_age_seconds"] >= 0
+    assert listed["queues"][0]["oldest_due_age_seconds"] is None
+    assert [(u["queue"], u["job_type"], u["count"]) for u in listed["unserved"]] == [
+        ("mail", "t", 1)]  # no worker at all; the job due in 2031 is not waiting yet
+
+    resumed = await client.post("/queues/mail/resume")
+    assert resumed.json() == {"queue": "mail", "paused": False, "concurrency": 4, "rate": None}
+    await client.put("/queues/mail/limits", json={"concurrency": None})
+    assert await conn.fetchval("SELECT array_agg(name) FROM jobqueue_queues") == ["api"]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "message"), [
+    ("POST", "/queues/no%20spaces/pause", None, "not a valid name"),
+    ("POST", "/queues/" + "x" * 65 + "/resume", None, "not a valid name"),
+    ("PUT", "/queues/no%20spaces/limits", {"concurrency": 2}, "not a valid name"),
+    ("PUT", "/queues/mail/limits", {}, "give concurrency, rate or both"),
+    ("PUT", "/queues/mail/limits", {"concurrency": 0}, "between 1 and"),
+    ("PUT", "/queues/mail/limits", {"concurrency": "2"}, "whole number"),
+    ("PUT", "/queues/mail/limits", {"concurrency": True}, "whole number"),
+    ("PUT", "/queues/mail/limits", {"rate": "fast"}, "must look like 20/s"),
+    ("PUT", "/queues/mail/limits", {"rate": 20}, "must look like 20/s"),
+    ("PUT", "/queues/mail/limits", {"rate": "0/s"}, "1 to"),
+    ("PUT", "/queues/mail/limits", {"concurrency": 2, "paused": True}, "Extra inputs"),
+])
+async def test_bad_queue_names_and_limits_are_422(
+    client: httpx.AsyncClient, conn: asyncpg.Connection, method: str, path: str,
+    body: dict[str, Any] | None, message: str
+) -> None:
+    response = await client.request(method, path, json=body)
+    assert response.status_code == 422, response.text
+    assert message in response.text
+    assert await conn.fetchval("SELECT count(*) FROM jobqueue_queues") == 0
+
+
+async def test_retry_of_a_job_whose_unique_key_is_taken_again_is_409(
+    client: httpx.AsyncClient, db_url: str, conn: asyncpg.Connection
+) -> None:
+    failed = await post_job(client, unique_key="invoice:7", max_retries=0)
+    await drain(db_url, registry=always_failing())
+    assert await conn.fetchval("SELECT status FROM jobs WHERE id = $1", failed) == "failed"
+    holder = await post_job(client, unique_key="invoice:7")  # the key is free: a new job
+    assert holder != failed
+
+    refused = await client.post(f"/jobs/{failed}/retry")
+    assert refused.status_code == 409, refused.text
+    assert refused.json() == {"detail": f"job {failed} cannot run again while unfinished job "
+                                        f"{holder} holds its unique key 'invoice:7'"}
+    rows = dict(await conn.fetch("SELECT id, status FROM jobs"))
+    assert rows == {failed: "failed", holder: "pending"}  # nothing changed
+
+    await drain(db_url, registry=succeeding())  # the holder finishes: the key is free
+    retried = await client.post(f"/jobs/{failed}/retry")
+    assert retried.status_code == 200 and retried.json()["status"] == "pending"
+
+
 # -- guards: body size, token ------------------------------------------------------------
 
 
@@ -417,7 +545,9 @@ async def test_token_guards_every_route(make_client: Callable[..., httpx.AsyncCl
     async with make_client() as client:
         routes = [("GET", "/jobs"), ("GET", f"/jobs/{uuid.uuid4()}"), ("POST", "/jobs"),
                   ("POST", f"/jobs/{uuid.uuid4()}/retry"), ("DELETE", f"/jobs/{uuid.uuid4()}"),
-                  ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs")]
+                  ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs"),
+                  ("GET", "/queues"), ("POST", "/queues/q/pause"), ("POST", "/queues/q/resume"),
+                  ("PUT", "/queues/q/limits")]
         for headers in ({}, {"Authorization": "Bearer wrong"},
                         {"Authorization": f"Basic {TOKEN}"}, {"Authorization": TOKEN}):
             for method, path in routes:
@@ -429,6 +559,7 @@ async def test_token_guards_every_route(make_client: Callable[..., httpx.AsyncCl
         huge = await client.post("/jobs", content=b"x" * (2 * 1024 * 1024))
         assert huge.status_code == 401
         assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+        assert await conn.fetchval("SELECT count(*) FROM jobqueue_queues") == 0
 
         auth = {"Authorization": f"Bearer {TOKEN}"}
         created = await client.post("/jobs", json={"job_type": "t"}, headers=auth)
@@ -456,10 +587,14 @@ async def test_openapi_schema_lists_the_routes(client: httpx.AsyncClient) -> Non
     assert set(paths["/jobs/{job_id}"]) == {"get", "delete"}
     assert set(paths["/jobs/{job_id}/retry"]) == {"post"}
     assert set(paths["/metrics"]) == {"get"}
+    assert set(paths["/queues"]) == {"get"}
+    assert set(paths["/queues/{name}/pause"]) == set(paths["/queues/{name}/resume"]) == {"post"}
+    assert set(paths["/queues/{name}/limits"]) == {"put"}
     assert "/openapi.json" not in paths and "/docs" not in paths
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     new_job = schema["components"]["schemas"]["NewJob"]
-    assert set(new_job["properties"]) == {"job_type", "payload", "max_retries", "run_at"}
+    assert set(new_job["properties"]) == {"job_type", "payload", "max_retries", "run_at",
+                                          "queue", "priority", "unique_key"}
     assert new_job["required"] == ["job_type"]
     docs = await client.get("/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text

@@ -70,6 +70,21 @@ async def test_run_at_schedules_the_job(db_url: str, conn: asyncpg.Connection) -
         (["worker", "--concurrency", "0", "--burst"], "concurrency"),
         (["worker", "--summary-interval", "-1", "--burst"], "summary interval"),
         (["worker", "--summary-interval", "inf", "--burst"], "summary interval"),
+        (["enqueue", "t", "--queue", "no spaces"], "not a valid name"),
+        (["enqueue", "t", "--priority", "1001"], "between -1000 and 1000"),
+        (["enqueue", "t", "--unique-key", ""], "must not be empty"),
+        (["enqueue", "t", "--unique-key", "k" * 256], "limit is 255"),
+        (["worker", "--queues", "a=2,b", "--concurrency", "3", "--burst"],
+         "--concurrency does not apply when --queues gives lanes per queue"),
+        (["worker", "--queues", "a,,b", "--burst"], "empty name"),
+        (["worker", "--queues", "a=0", "--burst"], "lanes must be a whole number"),
+        (["queue", "pause", "no spaces"], "not a valid name"),
+        (["queue", "resume", "x" * 65], "not a valid name"),
+        (["queue", "limit", "mail"], "give --concurrency, --rate or both"),
+        (["queue", "limit", "mail", "--concurrency", "0"], "between 1 and"),
+        (["queue", "limit", "mail", "--concurrency", "many"], "whole number or none"),
+        (["queue", "limit", "mail", "--rate", "fast"], "must look like 20/s"),
+        (["queue", "limit", "mail", "--concurrency", "2", "--rate", "5/d"], "must look like"),
     ],
 )
 async def test_bad_input_is_one_line_and_writes_nothing(
@@ -78,6 +93,7 @@ async def test_bad_input_is_one_line_and_writes_nothing(
     line = assert_one_line_error(jobqueue(*args, url=db_url))
     assert line.startswith("jobqueue: error:") and message in line
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await conn.fetchval("SELECT count(*) FROM jobqueue_queues") == 0
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -134,3 +150,88 @@ async def test_migrate_creates_the_schema(server_url: str) -> None:
         assert again.returncode == 0 and "(already up to date)" in again.stdout
     finally:
         await db.drop_database(server_url, "jobqueue_cli_migrate")
+
+
+# -- routing: queues, priorities, unique keys, pause and limits -------------------------
+
+
+async def test_enqueue_with_queue_priority_and_unique_key(db_url: str,
+                                                          conn: asyncpg.Connection) -> None:
+    out = jobqueue("enqueue", "t", "--queue", "emails", "--priority", "-5",
+                   "--unique-key", "welcome:42", url=db_url)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    job_id = uuid.UUID(out.stdout.strip())
+    row = await conn.fetchrow("SELECT queue, priority, unique_key FROM jobs WHERE id = $1",
+                              job_id)
+    assert dict(row) == {"queue": "emails", "priority": -5, "unique_key": "welcome:42"}
+
+    again = jobqueue("enqueue", "t", "--unique-key", "welcome:42", url=db_url)
+    assert again.returncode == 0 and uuid.UUID(again.stdout.strip()) == job_id
+    assert again.stderr.strip().splitlines() == [
+        f"jobqueue: unique key 'welcome:42' is held by unfinished job {job_id}; "
+        "nothing enqueued"]
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 1
+
+
+async def test_pause_limit_resume_and_list_queues(db_url: str,
+                                                  conn: asyncpg.Connection) -> None:
+    def ok(*args: str) -> str:
+        result = jobqueue(*args, url=db_url)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    assert ok("queue", "list") == "no queues yet (no jobs, nothing paused or limited)"
+    ok("enqueue", "t", "--queue", "mail")
+    ok("enqueue", "t", "--queue", "mail", "--run-at", "2031-01-01T00:00:00Z")
+    ok("enqueue", "t")
+
+    assert ok("queue", "pause", "mail") == (
+        "queue mail: paused; no concurrency limit; no rate limit")
+    assert ok("queue", "limit", "mail", "--concurrency", "3", "--rate", "100/m") == (
+        "queue mail: paused; concurrency 3; rate 100/m")
+    assert ok("queue", "limit", "mail", "--rate", "none") == (  # the concurrency is kept
+        "queue mail: paused; concurrency 3; no rate limit")
+    assert ok("queue", "limit", "api", "--rate", "20/s") == (  # a queue without jobs yet
+        "queue api: not paused; no concurrency limit; rate 20/s")
+    row = await conn.fetchrow("SELECT paused, concurrency, rate_limit FROM jobqueue_queues "
+                              "WHERE name = 'mail'")
+    assert tuple(row) == (True, 3, None)
+
+    listed = json.loads(ok("queue", "list", "--json"))
+    by_name = {q["queue"]: q for q in listed["queues"]}
+    assert list(by_name) == ["api", "default", "mail"]
+    mail = by_name["mail"]
+    assert mail["counts"]["pending"] == 2 and mail["running"] == 0
+    assert (mail["paused"], mail["concurrency"], mail["rate"]) == (True, 3, None)
+    assert mail["oldest_due_age_seconds"] >= 0  # the one due now; the 2031 one is not due
+    assert by_name["api"]["counts"]["pending"] == 0 and by_name["api"]["rate"] == "20/s"
+    assert by_name["api"]["oldest_due_age_seconds"] is None
+    assert {(u["queue"], u["job_type"], u["count"]) for u in listed["unserved"]} == {
+        ("mail", "t", 1), ("default", "t", 1)}  # no worker at all
+
+    table = ok("queue", "list").splitlines()
+    assert table[0].split()[:3] == ["queue", "pending", "retrying"]
+    mail_line = next(line for line in table if line.startswith("mail "))
+    assert mail_line.split()[1] == "2" and mail_line.endswith("paused, concurrency 3")
+    assert any(line.startswith("waiting jobs no live worker takes") for line in table)
+
+    assert ok("queue", "resume", "mail") == (
+        "queue mail: not paused; concurrency 3; no rate limit")
+    assert ok("queue", "limit", "mail", "--concurrency", "none") == (
+        "queue mail: not paused; no concurrency limit; no rate limit")
+    assert await conn.fetchval("SELECT array_agg(name) FROM jobqueue_queues") == ["api"]
+
+
+async def test_worker_with_lanes_per_queue_serves_only_those(db_url: str,
+                                                             conn: asyncpg.Connection) -> None:
+    for queue in ("a", "a", "b", "default"):
+        assert jobqueue("enqueue", "noop", "--queue", queue, url=db_url).returncode == 0
+    worked = jobqueue("worker", "--import", "tests.handlers", "--queues", "a=2,b", "--burst",
+                      "--json", url=db_url)
+    assert worked.returncode == 0, worked.stderr
+    assert json.loads(worked.stdout)["processed"] == 3
+    left = await conn.fetch("SELECT queue FROM jobs WHERE status <> 'completed'")
+    assert [r["queue"] for r in left] == ["default"]
+    names = jobqueue("worker", "--import", "tests.handlers", "--queues", "default",
+                     "--concurrency", "1", "--burst", "--json", url=db_url)
+    assert names.returncode == 0 and json.loads(names.stdout)["processed"] == 1

@@ -4,7 +4,6 @@ database after real work."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -13,8 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue_many
-from jobqueue.api import TOKEN_ENV, create_app
+from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue_many, queues
 from jobqueue.ops import metrics
 from jobqueue.ops import status as report
 from jobqueue.ops.cli import format_summary
@@ -33,17 +31,6 @@ def registry() -> HandlerRegistry:
         raise ValueError(f"bad input {payload.get('kind', 'x')}")
 
     return r
-
-
-@pytest.fixture
-async def client(db_url: str, monkeypatch: pytest.MonkeyPatch
-                 ) -> AsyncIterator[httpx.AsyncClient]:
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-    app = create_app(db_url)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://test") as c:
-        yield c
-    await app.state.jobqueue_engine.dispose()
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -74,10 +61,11 @@ async def test_metrics_after_real_work(client: httpx.AsyncClient, engine: AsyncE
                        "('ok', now() - interval '42 seconds'), ('ok', now() + interval '1 hour')")
 
     s = await scrape(client)
-    assert value(s, "jobqueue_jobs", status="completed", job_type="ok") == 3
-    assert value(s, "jobqueue_jobs", status="pending", job_type="ok") == 2
-    assert value(s, "jobqueue_jobs", status="failed", job_type="bad") == 3
-    assert value(s, "jobqueue_jobs", status="retrying", job_type="bad") == 0  # zeros too
+    assert value(s, "jobqueue_jobs", status="completed", queue="default", job_type="ok") == 3
+    assert value(s, "jobqueue_jobs", status="pending", queue="default", job_type="ok") == 2
+    assert value(s, "jobqueue_jobs", status="failed", queue="default", job_type="bad") == 3
+    assert value(s, "jobqueue_jobs", status="retrying", queue="default",
+                 job_type="bad") == 0  # zeros too
     assert 42 <= value(s, "jobqueue_oldest_pending_age_seconds") < 100
 
     assert value(s, "jobqueue_recent_window_seconds") == 60
@@ -144,7 +132,7 @@ async def test_jobs_outside_the_window_are_not_recent(client: httpx.AsyncClient,
                 jsonb_build_array(jsonb_build_object(
                     'attempt', 1, 'error', 'E', 'at', now() - interval '90 seconds')))""")
     s = await scrape(client)
-    assert value(s, "jobqueue_jobs", status="completed", job_type="old") == 1
+    assert value(s, "jobqueue_jobs", status="completed", queue="default", job_type="old") == 1
     assert value(s, "jobqueue_completed_recent", job_type="old") == 0
     assert value(s, "jobqueue_failed_attempts_recent", job_type="old") == 0
     assert ("jobqueue_wait_seconds_gcount", frozenset({("job_type", "old")})) not in s
@@ -226,3 +214,90 @@ async def test_long_errors_are_cut_to_one_line(conn: asyncpg.Connection) -> None
     text = format_summary(await report.queue_summary(conn, window=300))
     line = next(ln for ln in text.splitlines() if "Traceback" in ln)
     assert "Traceback line one yyy" in line and line.endswith("…") and len(line) < 120
+
+
+# -- queues and the jobs no live worker takes (#18) -------------------------------------
+
+
+async def add_worker(conn: asyncpg.Connection, worker_id: int, state: str,
+                     queues: list[str] | None, job_types: list[str],
+                     silent_for: float = 0.0) -> None:
+    """A worker's row as a live one writes it (no process behind it: nothing
+    here fences it, and the readers look only at the row)."""
+    await conn.execute(
+        "INSERT INTO jobqueue_workers (id, name, mode, state, queues, job_types, heartbeat_at) "
+        "VALUES ($1, $2, 'shared', $3, $4, $5, now() - make_interval(secs => $6))",
+        worker_id, f"host:{worker_id}", state, queues, job_types, silent_for)
+
+
+async def routed_jobs(conn: asyncpg.Connection) -> None:
+    """Due jobs in several queues and types, one not due, one of them running."""
+    await conn.execute("""
+        INSERT INTO jobs (job_type, queue, run_at, status) VALUES
+            ('a', 'default', now() - interval '5 seconds', 'pending'),
+            ('a', 'held', now() - interval '5 seconds', 'pending'),
+            ('b', 'mail', now() - interval '5 seconds', 'pending'),
+            ('b', 'default', now() - interval '30 seconds', 'pending'),
+            ('b', 'default', now() - interval '20 seconds', 'retrying'),
+            ('c', 'default', now() - interval '10 seconds', 'pending'),
+            ('d', 'default', now() - interval '40 seconds', 'pending'),
+            ('e', 'default', now() + interval '1 hour', 'pending'),
+            ('a', 'default', now() - interval '1 minute', 'processing')""")
+    await add_worker(conn, 1, "shared", None, ["a", "e"])          # every queue
+    await add_worker(conn, 2, "shared", ["mail"], ["b"])           # b, but only in mail
+    await add_worker(conn, 3, "shared", None, ["c"], silent_for=60)  # silent: gone
+    await add_worker(conn, 4, "standby", None, ["d"])              # takes nothing yet
+
+
+async def test_jobs_no_live_worker_takes_are_counted_by_queue_and_type(
+    client: httpx.AsyncClient, engine: AsyncEngine, conn: asyncpg.Connection
+) -> None:
+    await routed_jobs(conn)
+    async with engine.begin() as c:
+        await queues.pause(c, "held")
+        await queues.limit(c, "mail", concurrency=3, rate="90/m")
+
+    s = await scrape(client)
+    unserved = {(dict(k)["queue"], dict(k)["job_type"]): v for (name, k), v in s.items()
+                if name == "jobqueue_unserved_jobs"}
+    # Every (queue, type) with due jobs is there; b in default is served by no
+    # one (worker 2 serves mail only), c's worker fell silent, d's is a standby.
+    # a in the paused queue is served (it waits for the resume, not for a worker).
+    assert unserved == {("default", "a"): 0, ("held", "a"): 0, ("mail", "b"): 0,
+                        ("default", "b"): 2, ("default", "c"): 1, ("default", "d"): 1}
+    oldest = value(s, "jobqueue_unserved_oldest_age_seconds", queue="default", job_type="b")
+    assert 30 <= oldest < 90
+    assert value(s, "jobqueue_unserved_oldest_age_seconds", queue="mail", job_type="b") == 0
+    assert value(s, "jobqueue_jobs", status="retrying", queue="default", job_type="b") == 1
+    assert value(s, "jobqueue_jobs", status="pending", queue="held", job_type="a") == 1
+
+    assert value(s, "jobqueue_queue_paused", queue="held") == 1
+    assert value(s, "jobqueue_queue_paused", queue="default") == 0
+    assert value(s, "jobqueue_queue_concurrency_limit", queue="mail") == 3
+    assert value(s, "jobqueue_queue_rate_limit_per_second", queue="mail") == 1.5
+    assert ("jobqueue_queue_concurrency_limit", frozenset({("queue", "held")})) not in s
+
+    summary = await report.queue_summary(conn, window=300)
+    assert [(u["queue"], u["job_type"], u["count"]) for u in summary["unserved"]] == [
+        ("default", "d", 1), ("default", "b", 2), ("default", "c", 1)]  # oldest first
+    by_name = {q["queue"]: q for q in summary["queues"]}
+    assert by_name["default"]["running"] == 1 and by_name["default"]["counts"]["pending"] == 5
+    assert by_name["held"]["paused"] and by_name["mail"]["rate"] == "90/m"
+    assert {w["id"]: (w["queues"], w["job_types"]) for w in summary["workers"]}[2] == (
+        ["mail"], ["b"])
+
+    text = format_summary(summary)
+    lines = text.splitlines()
+    first = lines.index("waiting jobs no live worker takes (none serves the queue with a "
+                        "handler for the type)")
+    assert lines[first + 1].split()[:6] == ["1", "x", "d", "in", "queue", "default,"]
+    assert lines[first + 1].endswith("s ago") and len(lines[first + 1:first + 4]) == 3
+    held = next(line for line in lines if line.startswith("  held "))
+    assert held.split()[1] == "1" and held.endswith("paused")
+
+
+async def test_without_waiting_jobs_nothing_is_unserved(conn: asyncpg.Connection) -> None:
+    await conn.execute("INSERT INTO jobs (job_type, status) VALUES ('a', 'completed')")
+    summary = await report.queue_summary(conn, window=300)
+    assert summary["unserved"] == [] and [q["queue"] for q in summary["queues"]] == ["default"]
+    assert "no live worker" not in format_summary(summary)

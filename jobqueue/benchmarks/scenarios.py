@@ -57,7 +57,7 @@ from jobqueue.benchmarks.quick import (
 from jobqueue.benchmarks.recovery import recovery_trial
 from jobqueue.lab import examples
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
-from jobqueue.worker import DEFAULT_BATCH_SIZE
+from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +234,13 @@ def worker_options(argv: Sequence[str]) -> argparse.Namespace:
     return build_parser().parse_args(["worker", *argv])
 
 
+def lanes_of(opts: argparse.Namespace) -> int:
+    """The lanes a worker with these CLI options runs (`--concurrency`, or
+    the lane counts of `--queues`)."""
+    return len(WorkerConfig(concurrency=opts.concurrency or DEFAULT_CONCURRENCY,
+                            queues=opts.queues).lane_queues)
+
+
 def worker_label(argv: Sequence[str], workers: int = 1) -> str:
     """A setup as the tables show it, built from the arguments the processes
     got: the command line, and the lanes, batch size and log level it runs
@@ -241,7 +248,8 @@ def worker_label(argv: Sequence[str], workers: int = 1) -> str:
     opts = worker_options(argv)
     command = "jobqueue worker " + shlex.join(argv)
     defaults = all(a == "--import" or argv[i - 1] == "--import" for i, a in enumerate(argv))
-    lanes = f"{opts.concurrency} lane{'s' if opts.concurrency > 1 else ''}"
+    count = lanes_of(opts)
+    lanes = f"{count} lane{'s' if count > 1 else ''}"
     each = " each" if workers > 1 else ""
     procs = (f", {workers} processes ({'shared' if opts.shared else 'exclusive'})"
              if workers > 1 else ", 1 process")
@@ -380,7 +388,7 @@ async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler
     seconds = float(row["seconds"])
     result = {"n": n, "batch_size": opts.batch_size, "workers": workers,
               "mode": "shared" if opts.shared else "exclusive", "handler": handler,
-              "concurrency": opts.concurrency, "log_level": opts.log_level,
+              "concurrency": lanes_of(opts), "log_level": opts.log_level,
               "argv": shlex.join(argv), "settings": worker_label(argv, workers),
               "seconds": seconds, "jobs_per_sec": n / seconds,
               "workers_used": row["workers_used"], "start_skew_s": float(skew or 0.0),

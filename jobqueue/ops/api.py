@@ -2,12 +2,24 @@
 
     jobqueue serve                          # 127.0.0.1:8000, DATABASE_URL or the embedded server
 
-- `POST /jobs` `{job_type, payload, max_retries, run_at}`: enqueue; 201 `{"id": …}`.
+- `POST /jobs` `{job_type, payload, max_retries, run_at, queue, priority,
+  unique_key}`: enqueue; 201 `{"id": …, "existed": false}`. With a unique key
+  that an unfinished job already holds, nothing is written and the answer is
+  200 `{"id": <that job>, "existed": true}` (Location: that job): the request
+  did what it asked for (one such job exists), so it is no error, and a
+  client that retries a timed-out POST gets the same id back.
 - `GET /jobs/{id}`: the job (status, attempts, error history, result, times).
-- `GET /jobs?status=&job_type=&limit=&before=`: newest first, one page at a
-  time; the page's `next` is the `before` of the following one.
+- `GET /jobs?status=&job_type=&queue=&limit=&before=`: newest first, one page
+  at a time; the page's `next` is the `before` of the following one.
 - `POST /jobs/{id}/retry`: a `failed` job runs again (pending, due now,
-  retries renewed, error history kept); 409 for any other status.
+  retries renewed, error history kept); 409 for any other status, and 409
+  when its unique key is now held by another unfinished job.
+- `GET /queues`: each queue with jobs or settings: counts by status, running
+  now, oldest due job's age, paused, limits.
+- `POST /queues/{name}/pause`, `POST /queues/{name}/resume`: fleet-wide;
+  `PUT /queues/{name}/limits` `{"concurrency": N|null, "rate": "20/s"|null}`
+  (a field left out is kept; null removes the limit). Each answers with the
+  queue's settings as they now are; a bad name or limit is a 422.
 - `DELETE /jobs/{id}?reason=`: cancel a job that has not started (`pending`
   or `retrying`); 409 once a worker has it or it has finished.
 - `GET /metrics`: Prometheus' text format (see `jobqueue.ops.metrics`).
@@ -65,7 +77,7 @@ import hmac
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -78,20 +90,32 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticSerializationError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from jobqueue import __version__, db
+from jobqueue import __version__, db, queues
 from jobqueue.enqueue import (
     MAX_RETRIES_LIMIT,
     check_max_retries,
+    check_priority,
+    check_queue,
     check_run_at,
+    check_unique_key,
     encode_payload,
-    enqueue,
+    try_enqueue,
 )
 from jobqueue.errors import is_connection_error
-from jobqueue.ops import metrics
+from jobqueue.ops import metrics, routing
 from jobqueue.registry import HandlerRegistry, check_job_type
-from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, JOB_TYPE_MAX_LENGTH, JobStatus
+from jobqueue.schema.models import (
+    DEFAULT_QUEUE,
+    ERROR_MESSAGE_MAX_LENGTH,
+    JOB_TYPE_MAX_LENGTH,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    UNIQUE_KEY_MAX_LENGTH,
+    JobStatus,
+)
 from jobqueue.schema.queries import queries
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "TOKEN_ENV", "create_app", "create_router",
@@ -104,6 +128,8 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 #: Most jobs one `GET /jobs` page holds.
 PAGE_LIMIT = 500
 CANCELLED = "cancelled"
+#: The partial unique index that keeps a unique key to one unfinished job (migration 0004).
+UNIQUE_KEY_INDEX = "uq_jobs_unique_key"
 
 Executor = AsyncConnection | AsyncSession
 _FROM_ENV: Any = object()  # `token` default: read JOBQUEUE_API_TOKEN
@@ -128,7 +154,8 @@ class NewJob(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"job_type": "send_email", "payload": {"to": "a@example.com"}, "max_retries": 3,
-         "run_at": "2030-01-01T09:00:00+00:00"}]})
+         "run_at": "2030-01-01T09:00:00+00:00", "queue": "emails", "priority": 5,
+         "unique_key": "welcome:42"}]})
 
     job_type: str = Field(max_length=JOB_TYPE_MAX_LENGTH,
                           description="which handler runs it; 1 to 100 characters")
@@ -138,6 +165,13 @@ class NewJob(BaseModel):
                              description="retries after the first attempt")
     run_at: datetime | None = Field(None, description="when it is due, ISO 8601 with a "
                                                       "time zone; default now")
+    queue: str = Field(DEFAULT_QUEUE, description="the queue it goes to: 1 to 64 letters, "
+                                                  "digits or _ . : -")
+    priority: int = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX,
+                          description="higher runs first among its queue's due jobs")
+    unique_key: str | None = Field(None, max_length=UNIQUE_KEY_MAX_LENGTH,
+                                   description="while an unfinished job holds this key, "
+                                               "no second one is made (200 with its id)")
 
     # Each check runs on the raw JSON value, before pydantic would coerce it
     # ("3" to 3): the same rules as enqueue() and the CLI, with their messages.
@@ -160,6 +194,22 @@ class NewJob(BaseModel):
     def _max_retries(cls, value: object) -> int:
         return check_max_retries(value)
 
+    @field_validator("queue", mode="before")
+    @classmethod
+    def _queue(cls, value: object) -> str:
+        return check_queue(value)
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, value: object) -> int:
+        return check_priority(value)
+
+    @field_validator("unique_key", mode="before")
+    @classmethod
+    def _unique_key(cls, value: object) -> str | None:
+        key = check_unique_key(value)
+        return None if key is None else _check_text(key, "unique_key")
+
     @field_validator("run_at", mode="before")
     @classmethod
     def _run_at(cls, value: object) -> datetime | None:
@@ -181,6 +231,8 @@ class NewJob(BaseModel):
 
 class Created(BaseModel):
     id: uuid.UUID
+    existed: bool = Field(False, description="true: an unfinished job already held the "
+                                             "unique key, and this is its id (status 200)")
 
 
 class JobSummary(BaseModel):
@@ -188,6 +240,8 @@ class JobSummary(BaseModel):
 
     id: uuid.UUID
     job_type: str
+    queue: str
+    priority: int
     status: JobStatus
     attempts: int = Field(description="failed attempts recorded, plus a running or "
                                       "successful one")
@@ -204,6 +258,7 @@ class JobSummary(BaseModel):
 class Job(JobSummary):
     """Everything about one job."""
 
+    unique_key: str | None
     payload: dict[str, Any]
     error_history: list[dict[str, Any]] = Field(
         description="every failed attempt: attempt number, error, time")
@@ -219,6 +274,62 @@ class JobPage(BaseModel):
 
 class Problem(BaseModel):
     detail: Any
+
+
+class QueueSettings(BaseModel):
+    """A queue's fleet-wide settings, as they are now."""
+
+    queue: str
+    paused: bool
+    concurrency: int | None = Field(description="most of its jobs running at once, on all "
+                                                "workers together; null: no limit")
+    rate: str | None = Field(description="most of its jobs started per second, minute or "
+                                         "hour (20/s, 100/m, 1000/h); null: no limit")
+
+
+class QueueInfo(QueueSettings):
+    """A queue: its settings, its jobs by status, how long its oldest due job waits."""
+
+    counts: dict[JobStatus, int]
+    running: int = Field(description="its jobs shown `processing` now")
+    oldest_due_age_seconds: float | None = Field(
+        description="how long its longest-waiting due job has been due; null: none")
+
+
+class Unserved(BaseModel):
+    """Due jobs of one queue and type that no live worker takes: none serves
+    the queue with a handler for the type."""
+
+    queue: str
+    job_type: str
+    count: int
+    oldest_due_age_seconds: float | None
+
+
+class QueueList(BaseModel):
+    queues: list[QueueInfo]
+    unserved: list[Unserved] = Field(description="due jobs no live worker takes, "
+                                                 "longest-waiting first")
+
+
+class Limits(BaseModel):
+    """New limits for a queue: a field left out keeps its limit, null removes it."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"concurrency": 4, "rate": "20/s"}, {"rate": None}]})
+
+    concurrency: int | None = Field(None, description="1 to 1,000,000; null: no limit")
+    rate: str | None = Field(None, description="N/s, N/m or N/h; null: no limit")
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _concurrency(cls, value: object) -> int | None:
+        return None if value is None else queues.check_concurrency(value)
+
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _rate(cls, value: object) -> str | None:
+        return None if value is None else str(queues.parse_rate(value))
 
 
 def _encode_cursor(created_at: datetime, job_id: uuid.UUID) -> str:
@@ -415,10 +526,14 @@ def create_router(
         if registry is not None and new.job_type not in registry:
             raise HTTPException(422, f"no handler is registered for job type {new.job_type!r}")
         async with conn.begin():
-            job_id = await enqueue(conn, new.job_type, new.payload,
-                                   max_retries=new.max_retries, run_at=new.run_at)
-        response.headers["Location"] = str(request.url_for("jobqueue_get_job", job_id=job_id))
-        return Created(id=job_id)
+            job = await try_enqueue(conn, new.job_type, new.payload,
+                                    max_retries=new.max_retries, run_at=new.run_at,
+                                    queue=new.queue, priority=new.priority,
+                                    unique_key=new.unique_key)
+        response.headers["Location"] = str(request.url_for("jobqueue_get_job", job_id=job.id))
+        if not job.created:
+            response.status_code = 200
+        return Created(id=job.id, existed=not job.created)
 
     @r.get("/jobs/{job_id}", response_model=Job, name="jobqueue_get_job",
            summary="One job: status, attempts, error history, result, timestamps",
@@ -435,24 +550,21 @@ def create_router(
         conn: Conn,
         status: Annotated[JobStatus | None, Query(description="only jobs in this state")] = None,
         job_type: Annotated[str | None, Query(description="only jobs of this type")] = None,
+        queue: Annotated[str | None, Query(description="only jobs of this queue")] = None,
         limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT, description="jobs per page")] = 50,
         before: Annotated[str | None, Query(description="`next` of the previous page")] = None,
     ) -> JSONResponse:
-        return JSONResponse(await _page(conn, status, job_type, limit, before))
+        return JSONResponse(await _page(conn, status, job_type, queue, limit, before))
 
     @r.post("/jobs/{job_id}/retry", response_model=Job, name="jobqueue_retry_job",
             summary="Run a failed job again",
             description="Only a `failed` job: it becomes `pending`, due now, with its "
-                        "retries renewed (`retry_count` 0) and its error history kept.",
+                        "retries renewed (`retry_count` 0) and its error history kept. "
+                        "409 if it is not failed, or if another unfinished job now holds "
+                        "its unique key.",
             responses={404: {"model": Problem}, 409: {"model": Problem}}, tags=["jobs"])
     async def retry_job(job_id: uuid.UUID, conn: Conn) -> Response:
-        async with conn.begin():
-            retried = (await conn.execute(queries["api_retry_job"].text, {"id": job_id})).first()
-            if retried is None:
-                await _refuse(conn, job_id, "only failed jobs can be retried")
-            job = await _fetch_job(conn, job_id)
-        assert job is not None
-        return job
+        return await _retry(conn, job_id)
 
     @r.delete("/jobs/{job_id}", response_model=Job, name="jobqueue_cancel_job",
               summary="Cancel a job that has not started",
@@ -477,6 +589,8 @@ def create_router(
         assert job is not None
         return job
 
+    _add_queue_routes(r, Conn)
+
     @r.get("/metrics", name="jobqueue_metrics", summary="Prometheus metrics",
            response_class=Response, tags=["observability"],
            responses={200: {"content": {metrics.CONTENT_TYPE_LATEST: {}}}})
@@ -486,16 +600,56 @@ def create_router(
     return r
 
 
-async def _page(conn: Executor, status: JobStatus | None, job_type: str | None, limit: int,
-                before: str | None) -> dict[str, Any]:
+def _add_queue_routes(r: APIRouter, Conn: Any) -> None:  # noqa: N803 - a type alias
+    """`GET /queues` and the routes that change a queue's settings."""
+
+    @r.get("/queues", response_model=QueueList, name="jobqueue_list_queues",
+           summary="Queues: jobs by status, running now, oldest due, paused, limits",
+           description="Each queue that has jobs or settings, by name, and the due jobs "
+                       "that no live worker takes (no worker serves their queue with a "
+                       "handler for their type), which is why they wait.", tags=["queues"])
+    async def list_queues(conn: Conn) -> dict[str, Any]:
+        routes = await routing.read(conn)
+        return {"queues": routes.queues(), "unserved": routes.unserved()}
+
+    @r.post("/queues/{name}/pause", response_model=QueueSettings, name="jobqueue_pause_queue",
+            summary="Pause a queue on every worker",
+            description="No worker starts a job of the queue until it is resumed; jobs "
+                        "already running finish.", tags=["queues"])
+    async def pause_queue(name: str, conn: Conn) -> QueueSettings:
+        return await _change_queue(conn, name, queues.pause)
+
+    @r.post("/queues/{name}/resume", response_model=QueueSettings,
+            name="jobqueue_resume_queue", summary="Resume a paused queue", tags=["queues"])
+    async def resume_queue(name: str, conn: Conn) -> QueueSettings:
+        return await _change_queue(conn, name, queues.resume)
+
+    @r.put("/queues/{name}/limits", response_model=QueueSettings,
+           name="jobqueue_limit_queue", summary="Set or remove a queue's fleet-wide limits",
+           description="`concurrency`: most of its jobs running at once on all workers "
+                       "together; `rate`: most started per second, minute or hour. A "
+                       "field left out keeps its limit, null removes it. A limit applies "
+                       "to claims that start after it is set.", tags=["queues"])
+    async def limit_queue(name: str, limits: Limits, conn: Conn) -> QueueSettings:
+        given = {k: getattr(limits, k) for k in limits.model_fields_set}
+        if not given:
+            raise HTTPException(422, "give concurrency, rate or both (null removes a limit)")
+        return await _change_queue(conn, name, lambda c, q: queues.limit(c, q, **given))
+
+
+async def _page(conn: Executor, status: JobStatus | None, job_type: str | None,
+                queue: str | None, limit: int, before: str | None) -> dict[str, Any]:
     """A `JobPage`, JSON-ready (times as `get_job` gives them)."""
     if job_type is not None:
         _check_text(check_job_type(job_type), "job_type")
+    if queue is not None:
+        check_queue(queue)
     cursor: tuple[datetime | None, uuid.UUID | None] = (None, None)
     if before is not None:
         cursor = _decode_cursor(before)
     result = await conn.execute(queries["api_list_jobs"].text, {
         "status": None if status is None else status.value, "job_type": job_type,
+        "queue": queue,
         "before_created_at": cursor[0], "before_id": cursor[1], "limit": limit + 1})
     rows = list(result.mappings())
     more = len(rows) > limit  # one row past the page says whether another follows
@@ -510,6 +664,53 @@ async def _refuse(conn: Executor, job_id: uuid.UUID, rule: str) -> None:
     if status is None:
         raise _not_found(job_id)
     raise HTTPException(409, f"job {job_id} is {status}; {rule}")
+
+
+async def _retry(conn: Executor, job_id: uuid.UUID) -> Response:
+    """`POST /jobs/{id}/retry`. The unique index refuses a retry whose key
+    another unfinished job took since: a 409 naming it, not a 500."""
+    try:
+        async with conn.begin():
+            retried = (await conn.execute(queries["api_retry_job"].text,
+                                          {"id": job_id})).first()
+            if retried is None:
+                await _refuse(conn, job_id, "only failed jobs can be retried")
+            job = await _fetch_job(conn, job_id)
+    except IntegrityError as exc:
+        if not _is_unique_key_conflict(exc):
+            raise
+        raise await _key_held(conn, job_id) from None
+    assert job is not None
+    return job
+
+
+def _is_unique_key_conflict(exc: IntegrityError) -> bool:
+    """Whether the index of unique keys refused the statement (asyncpg names
+    the constraint on the driver's error, which SQLAlchemy wraps)."""
+    driver_error = getattr(exc.orig, "__cause__", None)
+    return getattr(driver_error, "constraint_name", None) == UNIQUE_KEY_INDEX
+
+
+async def _key_held(conn: Executor, job_id: uuid.UUID) -> HTTPException:
+    """The 409 for a retry of a job whose unique key another unfinished job
+    took meanwhile (read after the refused retry rolled back)."""
+    async with conn.begin():
+        job = (await conn.execute(queries["api_get_job"].text, {"id": job_id})).mappings().one()
+        holder = (await conn.execute(queries["find_unique"].text,
+                                     {"unique_key": job["unique_key"]})).scalar()
+    return HTTPException(409, f"job {job_id} cannot run again while unfinished job "
+                              f"{holder or '(another)'} holds its unique key "
+                              f"{job['unique_key']!r}")
+
+
+async def _change_queue(conn: Executor, name: str,
+                        change: Callable[[Executor, str], Awaitable[None]]) -> QueueSettings:
+    """Apply `change` (pause, resume, limits) and answer with the settings it left."""
+    check_queue(name)
+    async with conn.begin():
+        await change(conn, name)
+        settings = (await routing.read_settings(conn)).get(name, routing.Settings())
+    return QueueSettings(queue=name, **routing.settings_dict(settings))
 
 
 #: The routes for an app of your own; see the module's docstring.

@@ -90,7 +90,16 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from jobqueue.enqueue import check_max_retries, check_run_at, encode_payload, enqueue
+    from jobqueue.enqueue import (
+        Enqueued,
+        check_max_retries,
+        check_priority,
+        check_queue,
+        check_run_at,
+        check_unique_key,
+        encode_payload,
+        try_enqueue,
+    )
     from jobqueue.registry import check_job_type
 
     try:
@@ -108,21 +117,30 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         encode_payload(payload)
         check_max_retries(args.max_retries)
         check_run_at(run_at)
+        check_queue(args.queue)
+        check_priority(args.priority)
+        check_unique_key(args.unique_key)
     except ValueError as e:
         raise CliError(str(e)) from None
 
     url = use_database()
 
-    async def go() -> uuid.UUID:
+    async def go() -> Enqueued:
         engine = db.create_engine(url)
         try:
             async with engine.begin() as conn:
-                return await enqueue(conn, args.job_type, payload,
-                                     max_retries=args.max_retries, run_at=run_at)
+                return await try_enqueue(conn, args.job_type, payload,
+                                         max_retries=args.max_retries, run_at=run_at,
+                                         queue=args.queue, priority=args.priority,
+                                         unique_key=args.unique_key)
         finally:
             await engine.dispose()
 
-    print(asyncio.run(go()))
+    job = asyncio.run(go())
+    print(job.id)
+    if not job.created:  # the id is still what a script wants; a person is told why
+        print(f"jobqueue: unique key {args.unique_key!r} is held by unfinished job {job.id}; "
+              "nothing enqueued", file=sys.stderr)
     return 0
 
 
@@ -141,7 +159,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _work(args: argparse.Namespace, stopped: list[int]) -> int:
     from jobqueue.retry import RetryPolicy
     from jobqueue.worker import JobRunner
+    from jobqueue.worker.config import parse_queues
 
+    try:
+        queues = parse_queues(args.queues)
+    except ValueError as e:
+        raise CliError(f"--queues: {e}") from None
+    if args.concurrency is not None and any(lanes is not None for _, lanes in queues):
+        raise CliError("--concurrency does not apply when --queues gives lanes per queue "
+                       f"({args.queues}); drop one of them")
     url = use_database()  # before the imports: a handler module may look for it
     sys.path.insert(0, os.getcwd())  # `--import my_module` from the project folder
     for module in args.imports:
@@ -152,7 +178,8 @@ def _work(args: argparse.Namespace, stopped: list[int]) -> int:
     try:
         runner = JobRunner(
             url,
-            concurrency=args.concurrency,
+            concurrency=DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency,
+            queues=queues,
             batch_size=args.batch_size,
             quick_batch=args.quick_batch,
             savepoints=args.savepoints,
@@ -210,6 +237,73 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_queue(args: argparse.Namespace) -> int:
+    from jobqueue import queues
+    from jobqueue.enqueue import check_queue
+    from jobqueue.ops import routing
+
+    if args.action == "list":
+        url = use_database()
+
+        async def read() -> dict[str, Any]:
+            conn = await db.connect(url, application_name="jobqueue queue")
+            try:
+                routes = await routing.read(conn)
+            finally:
+                await conn.close()
+            return {"queues": routes.queues(), "unserved": routes.unserved()}
+
+        found = asyncio.run(read())
+        print(json.dumps(found, indent=2) if args.json else format_queue_list(found))
+        return 0
+
+    try:  # everything checked before connecting
+        check_queue(args.name)
+        change: Callable[[Any, str], Any]
+        if args.action == "limit":
+            change = _limits(args)
+        else:
+            change = queues.pause if args.action == "pause" else queues.resume
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    url = use_database()
+
+    async def go() -> routing.Settings:
+        engine = db.create_engine(url)
+        try:
+            async with engine.begin() as conn:
+                await change(conn, args.name)
+                return (await routing.read_settings(conn)).get(args.name, routing.Settings())
+        finally:
+            await engine.dispose()
+
+    print(routing.settings_line(args.name, asyncio.run(go())))
+    return 0
+
+
+def _limits(args: argparse.Namespace) -> Callable[[Any, str], Any]:
+    """`queue limit`'s change, checked: a ValueError for a bad or missing limit."""
+    from jobqueue import queues
+
+    if args.concurrency is None and args.rate is None:
+        raise ValueError("queue limit: give --concurrency, --rate or both "
+                         "(none removes a limit)")
+    given: dict[str, Any] = {}
+    if args.concurrency is not None:
+        given["concurrency"] = None if args.concurrency.lower() == "none" else \
+            queues.check_concurrency(_whole(args.concurrency, "--concurrency"))
+    if args.rate is not None:
+        given["rate"] = None if args.rate.lower() == "none" else queues.parse_rate(args.rate)
+    return lambda conn, name: queues.limit(conn, name, **given)
+
+
+def _whole(text: str, option: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{option} must be a whole number or none, not {text!r}") from None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from jobqueue.ops import status
 
@@ -265,6 +359,12 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append("  oldest due  " + ("none waiting" if oldest is None
                                      else f"waiting for {oldest:,.1f} s"))
     lines.append("")
+    if s.get("queues"):
+        lines += ["queues", *format_queues(s["queues"], indent="  ")]
+        lines.append("")
+    if s.get("unserved"):
+        lines += format_unserved(s["unserved"])
+        lines.append("")
     if r.get("top_errors"):
         lines.append(f"most frequent errors, last {s['window_seconds']:g} s")
         lines += [f"  {e['count']:>6,} x  {e['job_type']}: {_shorten(e['error'], 90)}"
@@ -276,6 +376,45 @@ def format_summary(s: dict[str, Any]) -> str:
                   f"(heartbeat {w['heartbeat_age_seconds']:.1f}s ago)" for w in s["workers"]]
     else:
         lines.append("workers     none running")
+    return "\n".join(lines)
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:,.1f} s"
+
+
+def format_queues(queues: list[dict[str, Any]], indent: str = "") -> list[str]:
+    """A table of queues: jobs by status, oldest due, then paused and limits."""
+    width = max(5, *(len(q["queue"]) for q in queues))
+    lines = [f"{indent}{'queue':<{width}}  {'pending':>9} {'retrying':>9} {'running':>9} "
+             f"{'completed':>10} {'failed':>9}  {'oldest due':>10}  settings"]
+    for q in queues:
+        c = q["counts"]
+        settings = ", ".join(
+            (["paused"] if q["paused"] else [])
+            + ([f"concurrency {q['concurrency']}"] if q["concurrency"] is not None else [])
+            + ([f"rate {q['rate']}"] if q["rate"] is not None else [])) or "-"
+        lines.append(f"{indent}{q['queue']:<{width}}  {c['pending']:>9,} {c['retrying']:>9,} "
+                     f"{c['processing']:>9,} {c['completed']:>10,} {c['failed']:>9,}  "
+                     f"{_age(q['oldest_due_age_seconds']):>10}  {settings}")
+    return lines
+
+
+def format_unserved(unserved: list[dict[str, Any]]) -> list[str]:
+    """Why jobs wait: due jobs whose queue and type no live worker takes."""
+    lines = ["waiting jobs no live worker takes (none serves the queue with a handler "
+             "for the type)"]
+    lines += [f"  {u['count']:>6,} x  {u['job_type']} in queue {u['queue']}, oldest due "
+              f"{_age(u['oldest_due_age_seconds'])} ago" for u in unserved]
+    return lines
+
+
+def format_queue_list(found: dict[str, Any]) -> str:
+    if not found["queues"]:
+        return "no queues yet (no jobs, nothing paused or limited)"
+    lines = format_queues(found["queues"])
+    if found["unserved"]:
+        lines += ["", *format_unserved(found["unserved"])]
     return "\n".join(lines)
 
 
@@ -326,13 +465,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--payload", default="{}", help="a JSON object (default: {})")
     s.add_argument("--max-retries", type=int, default=3, help="retries after the first attempt")
     s.add_argument("--run-at", help="when the job is due, ISO 8601 with a time zone")
+    s.add_argument("--queue", default="default", help="the queue it goes to (default: default)")
+    s.add_argument("--priority", type=int, default=0,
+                   help="higher runs first among its queue's due jobs (-1000 to 1000)")
+    s.add_argument("--unique-key", metavar="KEY",
+                   help="while an unfinished job holds KEY, print its id instead of "
+                        "enqueuing another")
     s.set_defaults(func=cmd_enqueue)
 
     s = add("worker", help="run jobs until SIGTERM or SIGINT")
     s.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="a module that registers handlers (repeatable)")
-    s.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
-                   help="lanes running side by side, each with its own connection")
+    s.add_argument("--concurrency", type=int, default=None,
+                   help="lanes running side by side, each with its own connection "
+                        f"(default {DEFAULT_CONCURRENCY}; not with lanes per queue)")
+    s.add_argument("--queues", metavar="SPEC",
+                   help="serve only these queues: names (emails,reports: the lanes take "
+                        "turns among them) or lanes per queue (emails=4,reports=1); "
+                        "default: every queue")
     s.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                    help="most jobs one lane takes and commits at once")
     s.add_argument("--quick-batch", type=float, default=0.05, metavar="SECONDS",
@@ -367,6 +517,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="event loop: uvloop when installed (auto), or the standard one")
     s.add_argument("--json", action="store_true", help="print the final report as JSON")
     s.set_defaults(func=cmd_worker)
+
+    s = add("queue", help="list queues; pause, resume or limit one, fleet-wide")
+    actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    a = actions.add_parser("list", parents=[common],
+                           help="each queue: jobs by status, oldest due, paused, limits")
+    a.add_argument("--json", action="store_true", help="machine-readable output")
+    for action, text in (("pause", "start no new job of the queue, on any worker"),
+                         ("resume", "let workers start the queue's jobs again")):
+        a = actions.add_parser(action, parents=[common], help=text)
+        a.add_argument("name", metavar="QUEUE")
+    a = actions.add_parser("limit", parents=[common],
+                           help="set or remove (none) the queue's limits, for every worker "
+                                "at once; prints the settings that result")
+    a.add_argument("name", metavar="QUEUE")
+    a.add_argument("--concurrency", metavar="N|none",
+                   help="most of its jobs running at once, on all workers together")
+    a.add_argument("--rate", metavar="N/s|N/m|N/h|none",
+                   help="most of its jobs started per second, minute or hour")
+    s.set_defaults(func=cmd_queue)
 
     s = add("status", help="counts by status and recent figures, or one job")
     s.add_argument("job_id", nargs="?", metavar="JOB_ID")

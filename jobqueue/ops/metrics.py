@@ -2,15 +2,24 @@
 
 The process that serves `/metrics` is usually not the worker (the worker may
 run elsewhere, or be a standby), so nothing is counted in memory: each scrape
-runs a handful of queries (`queries.sql`: `metrics_jobs`, `queue_health`,
-`workers`, `metrics_finished`, `metrics_failed_attempts`) and reports what the
-tables say. Figures about recent work cover a fixed window of the last
+runs a handful of queries (`queries.sql`: `metrics_jobs`, `queue_settings`,
+`workers`, `queue_health`, `metrics_finished`, `metrics_failed_attempts`) and
+reports what the tables say. Figures about recent work cover a fixed window of the last
 `WINDOW_SECONDS` (60 s), exported as `jobqueue_recent_window_seconds`.
 
 Gauges:
 
-- `jobqueue_jobs{status, job_type}`: jobs in each state (every state of every
-  type present, zeros included).
+- `jobqueue_jobs{status, queue, job_type}`: jobs in each state (every state
+  of every queue and type present, zeros included).
+- `jobqueue_queue_paused{queue}`: 1 for a paused queue, 0 otherwise (every
+  queue with jobs or settings); `jobqueue_queue_concurrency_limit{queue}` and
+  `jobqueue_queue_rate_limit_per_second{queue}`: a queue's limits, only for
+  queues that have one (a rate per minute or hour is given per second).
+- `jobqueue_unserved_jobs{queue, job_type}`: due waiting jobs that no live
+  worker takes (none serves the queue with a handler for the type; see
+  `jobqueue.ops.routing`), for every queue and type with due jobs, zeros
+  included; `jobqueue_unserved_oldest_age_seconds{queue, job_type}`: how long
+  the earliest of them has been due (0: none).
 - `jobqueue_oldest_pending_age_seconds`: how long the longest-waiting due job
   (pending or retrying) has been due; 0 when none waits.
 - `jobqueue_jobs_table_live_tuples`, `jobqueue_jobs_table_dead_tuples`,
@@ -42,13 +51,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from jobqueue.ops import routing
+from jobqueue.ops.routing import Routing, Settings
 from jobqueue.schema.models import STATUS_VALUES
 from jobqueue.schema.queries import queries
 
@@ -88,12 +98,11 @@ class Histogram:
 class Snapshot:
     """What one scrape read from the database."""
 
-    jobs: dict[tuple[str, str], int] = field(default_factory=dict)  # (status, type) -> n
+    routing: Routing = field(default_factory=Routing)
     oldest_pending_age: float = 0.0
     live_tuples: int = 0
     dead_tuples: int = 0
     last_autovacuum: float = 0.0
-    workers: list[dict[str, Any]] = field(default_factory=list)
     completed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     failed_attempts: dict[str, int] = field(default_factory=dict)
@@ -105,18 +114,13 @@ class Snapshot:
 
 async def snapshot(conn: AsyncConnection | AsyncSession,
                    window: float = WINDOW_SECONDS) -> Snapshot:
-    """Read everything the metrics report, in five queries."""
-    snap = Snapshot(window=window)
-    for row in await conn.execute(queries["metrics_jobs"].text):
-        snap.jobs[(row.status, row.job_type)] = int(row.n)
-
+    """Read everything the metrics report, in six queries."""
+    snap = Snapshot(window=window, routing=await routing.read(conn))
     health = (await conn.execute(queries["queue_health"].text)).one()
     snap.oldest_pending_age = max(float(health.oldest_pending_age or 0), 0.0)
     snap.live_tuples = int(health.live_tuples or 0)
     snap.dead_tuples = int(health.dead_tuples or 0)
     snap.last_autovacuum = float(health.last_autovacuum or 0)
-
-    snap.workers = [dict(row) for row in (await conn.execute(queries["workers"].text)).mappings()]
 
     neg_bounds = [-b for b in reversed(BUCKETS)]
     result = await conn.execute(queries["metrics_finished"].text,
@@ -152,15 +156,20 @@ class QueueCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.snap
-        types = sorted({t for _, t in s.jobs} | set(s.completed) | set(s.failed)
+        groups = s.routing.groups
+        types = sorted({g.job_type for g in groups} | set(s.completed) | set(s.failed)
                        | set(s.failed_attempts))
 
-        jobs = GaugeMetricFamily("jobqueue_jobs", "Jobs in each state, by type.",
-                                 labels=["status", "job_type"])
-        for job_type in types:  # every state of every type, zeros included
+        jobs = GaugeMetricFamily("jobqueue_jobs", "Jobs in each state, by queue and type.",
+                                 labels=["status", "queue", "job_type"])
+        counts = {(g.status, g.queue, g.job_type): g.n for g in groups}
+        # Every state of every (queue, type) present, zeros included.
+        for queue, job_type in sorted({(g.queue, g.job_type) for g in groups}):
             for status in STATUS_VALUES:
-                jobs.add_metric([status, job_type], s.jobs.get((status, job_type), 0))
+                jobs.add_metric([status, queue, job_type],
+                                counts.get((status, queue, job_type), 0))
         yield jobs
+        yield from self._queues()
 
         yield _gauge("jobqueue_oldest_pending_age_seconds",
                      "Seconds the longest-waiting due job (pending or retrying) has been due; "
@@ -205,11 +214,53 @@ class QueueCollector(Collector):
                 family.add_metric([job_type], h.cumulative(), gsum_value=h.total)
             yield family
 
+    def _queues(self) -> Iterator[Metric]:
+        paused = GaugeMetricFamily("jobqueue_queue_paused",
+                                   "1 if the queue is paused (fleet-wide), else 0.",
+                                   labels=["queue"])
+        concurrency = GaugeMetricFamily(
+            "jobqueue_queue_concurrency_limit",
+            "Most jobs of the queue running at once, fleet-wide (queues with a limit only).",
+            labels=["queue"])
+        rate = GaugeMetricFamily(
+            "jobqueue_queue_rate_limit_per_second",
+            "Most jobs of the queue started per second, fleet-wide (queues with a rate "
+            "limit only; a limit per minute or hour divided down).", labels=["queue"])
+        settings = self.snap.routing.settings
+        for queue in sorted({g.queue for g in self.snap.routing.groups} | set(settings)):
+            q = settings.get(queue, Settings())
+            paused.add_metric([queue], 1 if q.paused else 0)
+            if q.concurrency is not None:
+                concurrency.add_metric([queue], q.concurrency)
+            if q.rate is not None:
+                rate.add_metric([queue], q.rate.limit / q.rate.period)
+        yield paused
+        yield concurrency
+        yield rate
+
+        unserved = GaugeMetricFamily(
+            "jobqueue_unserved_jobs",
+            "Due waiting jobs that no live worker takes (none serves the queue with a "
+            "handler for the type), by queue and type; zeros included.",
+            labels=["queue", "job_type"])
+        oldest = GaugeMetricFamily(
+            "jobqueue_unserved_oldest_age_seconds",
+            "Seconds the earliest due job that no live worker takes has been due; 0: none.",
+            labels=["queue", "job_type"])
+        found = {(u["queue"], u["job_type"]): u for u in self.snap.routing.unserved()}
+        for key in sorted({(g.queue, g.job_type) for g in self.snap.routing.groups if g.due}):
+            u = found.get(key)
+            unserved.add_metric(list(key), 0 if u is None else u["count"])
+            oldest.add_metric(list(key), 0 if u is None else u["oldest_due_age_seconds"])
+        yield unserved
+        yield oldest
+
     def _workers(self) -> Iterator[Metric]:
+        workers = self.snap.routing.workers
         states = GaugeMetricFamily("jobqueue_workers", "Registered workers, by state.",
                                    labels=["state"])
         for state in WORKER_STATES:
-            states.add_metric([state], sum(w["state"] == state for w in self.snap.workers))
+            states.add_metric([state], sum(w["state"] == state for w in workers))
         yield states
         info = GaugeMetricFamily("jobqueue_active_worker_info",
                                  "1 for each worker that is working (active, or shared mode).",
@@ -217,7 +268,7 @@ class QueueCollector(Collector):
         age = GaugeMetricFamily("jobqueue_worker_heartbeat_age_seconds",
                                 "Seconds since each worker's last heartbeat.",
                                 labels=["worker_id", "name"])
-        for w in self.snap.workers:
+        for w in workers:
             labels = [str(w["id"]), w["name"]]
             if w["state"] in ("active", "shared"):
                 info.add_metric(labels, 1)

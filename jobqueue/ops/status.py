@@ -3,8 +3,10 @@
 Used by `jobqueue status` (and by anything else that wants the same figures):
 counts by status, and throughput, latency and error rate of the last minutes,
 the most frequent recent errors and how long the oldest due job has waited,
-all computed by PostgreSQL from the jobs table itself. `job_dict` gives one
-job JSON-ready, as `jobqueue status JOB_ID` and the HTTP API show it.
+all computed by PostgreSQL from the jobs table itself; each queue's counts
+and settings, and the due jobs no live worker takes (`routing`), which is
+why jobs of a type nobody handles wait. `job_dict` gives one job
+JSON-ready, as `jobqueue status JOB_ID` and the HTTP API show it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db
-from jobqueue.schema.models import STATUS_VALUES
+from jobqueue.ops import routing
 from jobqueue.schema.queries import queries
 
 
@@ -34,13 +36,13 @@ TOP_ERRORS = 5
 
 
 async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict[str, Any]:
-    """Counts by status, plus the last `window` seconds of work."""
-    counts = dict.fromkeys(STATUS_VALUES, 0)
-    for row in await queries["counts_by_status"].fetch(conn):
-        counts[row["status"]] = row["n"]
+    """Counts by status and by queue, the due jobs no live worker takes, plus
+    the last `window` seconds of work."""
+    routes = await routing.read(conn)
+    counts = routes.counts()
     recent = await queries["recent_finished"].fetchrow(conn, window=window)
     failed_attempts = await queries["recent_failed_attempts"].fetchval(conn, window=window)
-    workers = await queries["workers"].fetch(conn)
+    workers = routes.workers
     errors = await queries["recent_errors"].fetch(conn, window=window, limit=TOP_ERRORS)
     health = await queries["queue_health"].fetchrow(conn)
     assert recent is not None and health is not None
@@ -65,10 +67,13 @@ async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict
                 for e in errors
             ],
         },
+        "queues": routes.queues(),
+        "unserved": routes.unserved(),
         "workers": [
             {"id": w["id"], "name": w["name"], "mode": w["mode"], "state": w["state"],
              "since": w["started_at"].isoformat(),
-             "heartbeat_age_seconds": round(float(w["heartbeat_age"]), 3)}
+             "heartbeat_age_seconds": round(float(w["heartbeat_age"]), 3),
+             "queues": w["queues"], "job_types": w["job_types"]}
             for w in workers
         ],
     }

@@ -368,10 +368,6 @@ SELECT pg_advisory_lock(:lock_class, :key);
 -- Let go of every session lock this connection holds.
 SELECT pg_advisory_unlock_all();
 
--- counts_by_status --
--- How many jobs are in each state.
-SELECT status, count(*) AS n FROM jobs GROUP BY status;
-
 -- recent_finished --
 -- Finished jobs of the last :window seconds: counts and latency percentiles.
 SELECT count(*) FILTER (WHERE status = 'completed') AS completed,
@@ -394,15 +390,17 @@ WHERE (j.status IN ('pending', 'processing', 'retrying')
   AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window);
 
 -- workers --
--- Workers that announced themselves, with their heartbeat's age.
-SELECT id, name, mode, state, started_at,
+-- Workers that announced themselves, with their heartbeat's age and what
+-- they take (queues, NULL: every queue; the job types they have handlers for).
+SELECT id, name, mode, state, started_at, queues, job_types,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age
 FROM jobqueue_workers
 ORDER BY started_at;
 
 -- get_job --
 -- One job, everything about it.
-SELECT id, job_type, payload, status, retry_count, max_retries, next_retry_at, run_at,
+SELECT id, job_type, queue, priority, unique_key, payload, status, retry_count, max_retries,
+       next_retry_at, run_at,
        error_message, error_history, result, created_at, started_at, completed_at, worker_id
 FROM jobs
 WHERE id = :id;
@@ -410,17 +408,18 @@ WHERE id = :id;
 -- ---- HTTP API and observability ----
 
 -- api_list_jobs --
--- A page of jobs, newest first, optionally of one status and one type. Keyset
+-- A page of jobs, newest first, optionally of one status, type and queue. Keyset
 -- pagination: (:before_created_at, :before_id) is the last row of the previous
 -- page (NULL for the first), so a deep page costs what the first one does and
 -- jobs added meanwhile never shift a page (each job shows up once).
-SELECT id, job_type, status, retry_count, max_retries, run_at, next_retry_at,
-       error_message, created_at, started_at, completed_at,
+SELECT id, job_type, queue, priority, status, retry_count, max_retries, run_at,
+       next_retry_at, error_message, created_at, started_at, completed_at,
        jsonb_array_length(error_history)
            + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts
 FROM jobs
 WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
   AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+  AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
   AND (CAST(:before_created_at AS timestamptz) IS NULL
        OR (created_at, id) < (CAST(:before_created_at AS timestamptz), CAST(:before_id AS uuid)))
 ORDER BY created_at DESC, id DESC
@@ -455,8 +454,18 @@ WHERE id = :id AND status IN ('pending', 'retrying')
 RETURNING id;
 
 -- metrics_jobs --
--- How many jobs are in each state, by type.
-SELECT status, job_type, count(*) AS n FROM jobs GROUP BY status, job_type;
+-- How many jobs are in each state, by queue and type; how many are due, and
+-- the seconds since the earliest run_at (when any is due, that is how long
+-- the longest-waiting one has been due). Only the waiting states' figures
+-- mean anything: the others' are left unfiltered, one comparison less per
+-- row. One pass over the table serves the metrics, `jobqueue status` and
+-- `jobqueue queue list` alike; which due jobs no live worker takes is
+-- worked out from this and the workers' rows, in Python.
+SELECT status, queue, job_type, count(*) AS n,
+       count(*) FILTER (WHERE run_at <= now()) AS due,
+       CAST(extract(epoch FROM now() - min(run_at)) AS float8) AS oldest_age
+FROM jobs
+GROUP BY status, queue, job_type;
 
 -- queue_health --
 -- Seconds the longest-waiting due job has been due (NULL: none waiting), and
@@ -520,7 +529,7 @@ LIMIT :limit;
 -- One job for the HTTP API, with its attempts (failed ones recorded, plus a
 -- running or successful one). The JSON columns come as text and go into the
 -- response as they are: no parsing, however large or deeply nested.
-SELECT id, job_type, status,
+SELECT id, job_type, queue, priority, unique_key, status,
        jsonb_array_length(error_history)
            + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts,
        retry_count, max_retries, run_at, next_retry_at, error_message,

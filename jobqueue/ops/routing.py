@@ -1,0 +1,174 @@
+"""Who takes what: each queue's jobs and settings, and the waiting jobs that
+no live worker takes (issue #18).
+
+A worker takes a job when it serves the job's queue (its `queues`; NULL:
+every queue) and has a handler for the job's type (the `job_types` it
+registered as its life began). A job whose (queue, type) no live worker
+covers waits without any error: a type only the next release knows, a queue
+no worker was started for. `jobqueue status`, `jobqueue queue list`, `GET
+/queues` and `/metrics` read it all from here, so they agree.
+
+Everything comes from one pass over the jobs table (`metrics_jobs`, grouped
+by status, queue and type) and the two small tables `jobqueue_queues` and
+`jobqueue_workers`; the matching of due jobs against the workers' rows is
+done here, in Python, because there are only ever a handful of workers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from jobqueue.queues import Rate
+from jobqueue.schema.models import STATUS_VALUES
+from jobqueue.schema.queries import queries
+
+#: Seconds of silence after which a worker no longer counts as taking jobs.
+#: A worker beats at least every 0.5 s whatever its lease, so this is many
+#: missed beats; it also covers a crashed worker's row that nobody fenced yet
+#: (fencing needs another live worker).
+HEARTBEAT_FRESH = 10.0
+#: Worker states that take jobs; a standby takes none until it takes over.
+WORKING_STATES = ("active", "shared")
+WAITING = ("pending", "retrying")
+
+Conn: TypeAlias = asyncpg.Connection | AsyncConnection | AsyncSession
+
+
+@dataclass(frozen=True)
+class Group:
+    """Jobs of one status, queue and type (a `metrics_jobs` row)."""
+
+    status: str
+    queue: str
+    job_type: str
+    n: int
+    due: int = 0  # of the waiting ones: due now
+    oldest_due_age: float | None = None  # seconds the earliest due one has been due
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A queue's row in jobqueue_queues (a queue without one: not paused, no limits)."""
+
+    paused: bool = False
+    concurrency: int | None = None
+    rate: Rate | None = None
+
+
+@dataclass
+class Routing:
+    """The jobs by status, queue and type; the queues' settings; the workers."""
+
+    groups: list[Group] = field(default_factory=list)
+    settings: dict[str, Settings] = field(default_factory=dict)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Jobs by status, every status present."""
+        counts = dict.fromkeys(STATUS_VALUES, 0)
+        for g in self.groups:
+            counts[g.status] = counts.get(g.status, 0) + g.n
+        return counts
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Each queue that has jobs or settings, by name, JSON-ready."""
+        names = sorted({g.queue for g in self.groups} | set(self.settings))
+        counts: dict[str, dict[str, int]] = {q: dict.fromkeys(STATUS_VALUES, 0) for q in names}
+        oldest: dict[str, float] = {}
+        for g in self.groups:
+            counts[g.queue][g.status] += g.n
+            if g.oldest_due_age is not None:
+                oldest[g.queue] = max(oldest.get(g.queue, g.oldest_due_age), g.oldest_due_age)
+        return [{"queue": q, "counts": counts[q], "running": counts[q]["processing"],
+                 "oldest_due_age_seconds": _seconds(oldest.get(q)),
+                 **settings_dict(self.settings.get(q, Settings()))} for q in names]
+
+    def unserved(self, fresh: float = HEARTBEAT_FRESH) -> list[dict[str, Any]]:
+        """Due waiting jobs that no live worker takes, by queue and type,
+        longest-waiting first, JSON-ready."""
+        takers = live_workers(self.workers, fresh)
+        found: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, None])
+        for g in self.groups:
+            if g.status in WAITING and g.due and not any(takes(w, g.queue, g.job_type)
+                                                         for w in takers):
+                entry = found[(g.queue, g.job_type)]
+                entry[0] += g.due
+                entry[1] = max(entry[1] or 0.0, g.oldest_due_age or 0.0)
+        rows = [{"queue": q, "job_type": t, "count": n, "oldest_due_age_seconds": _seconds(age)}
+                for (q, t), (n, age) in found.items()]
+        return sorted(rows, key=lambda r: (-(r["oldest_due_age_seconds"] or 0),
+                                           r["queue"], r["job_type"]))
+
+
+def live_workers(workers: list[dict[str, Any]], fresh: float = HEARTBEAT_FRESH
+                 ) -> list[dict[str, Any]]:
+    """Workers at work whose heartbeat is fresh."""
+    return [w for w in workers
+            if w["state"] in WORKING_STATES and float(w["heartbeat_age"]) <= fresh]
+
+
+def takes(worker: Mapping[str, Any], queue: str, job_type: str) -> bool:
+    """Whether `worker` (a `workers` row) claims jobs of this queue and type."""
+    queues = worker.get("queues")
+    return (queues is None or queue in queues) and job_type in (worker.get("job_types") or ())
+
+
+def settings_dict(s: Settings) -> dict[str, Any]:
+    """A queue's settings as the CLI's --json and the API show them."""
+    return {"paused": s.paused, "concurrency": s.concurrency,
+            "rate": None if s.rate is None else str(s.rate)}
+
+
+def settings_line(queue: str, s: Settings) -> str:
+    """One line for a person: `queue emails: paused; concurrency 4; rate 20/s`."""
+    return (f"queue {queue}: {'paused' if s.paused else 'not paused'}; "
+            + ("no concurrency limit" if s.concurrency is None
+               else f"concurrency {s.concurrency}") + "; "
+            + ("no rate limit" if s.rate is None else f"rate {s.rate}"))
+
+
+def _seconds(value: float | None) -> float | None:
+    # The reading's now() is its transaction's start: a job due since then
+    # would be a few ms in the future.
+    return None if value is None else round(max(float(value), 0.0), 3)
+
+
+async def _rows(conn: Conn, name: str) -> list[dict[str, Any]]:
+    query = queries[name]
+    if isinstance(conn, asyncpg.Connection):
+        return [dict(r) for r in await query.fetch(conn)]
+    return [dict(r) for r in (await conn.execute(query.text)).mappings()]
+
+
+def _group(row: Mapping[str, Any]) -> Group:
+    """A `metrics_jobs` row; its due figures count for waiting jobs only."""
+    if row["status"] not in WAITING or not row["due"]:
+        return Group(row["status"], row["queue"], row["job_type"], int(row["n"]))
+    return Group(row["status"], row["queue"], row["job_type"], int(row["n"]), int(row["due"]),
+                 row["oldest_age"])
+
+
+async def read_settings(conn: Conn) -> dict[str, Settings]:
+    """Every configured queue's settings (a tiny table, read whole)."""
+    out = {}
+    for r in await _rows(conn, "queue_settings"):
+        rate = None if r["rate_limit"] is None else Rate(r["rate_limit"],
+                                                         float(r["rate_period"]))
+        out[r["name"]] = Settings(r["paused"], r["concurrency"], rate)
+    return out
+
+
+async def read(conn: Conn) -> Routing:
+    """Read what the surfaces show: three statements, one pass over `jobs`."""
+    groups = [_group(r) for r in await _rows(conn, "metrics_jobs")]
+    return Routing(groups, await read_settings(conn), await _rows(conn, "workers"))
+
+
+__all__ = ["HEARTBEAT_FRESH", "Group", "Routing", "Settings", "live_workers",
+           "read", "read_settings", "settings_dict", "settings_line", "takes"]
