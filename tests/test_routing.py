@@ -239,3 +239,25 @@ def test_rates_parse_and_print() -> None:
     assert queues.parse_rate("20/s") == queues.Rate(20, 1.0)
     assert str(queues.parse_rate(" 100 / m ")) == "100/m"
     assert queues.parse_rate("5/h").period == 3600.0
+
+
+async def test_every_lane_knows_a_limited_queue_from_its_first_claim(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("slow")
+    async def slow(session: Any, payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0.5)
+
+    async with engine.begin() as s:
+        await enqueue_many(s, "slow", [{}] * 2, queue="mail")
+        await queues.limit(s, "mail", concurrency=2)
+    # A lane that took the queue for a plain one would come away empty and
+    # sleep a whole poll interval: the two jobs would then run one after the other.
+    await drain(db_url, registry=registry, concurrency=4, poll_interval=30, queues="mail")
+    overlap = await conn.fetchval(
+        "SELECT count(*) FROM jobs AS a JOIN jobs AS b ON a.id < b.id "
+        "AND a.started_at < b.completed_at AND b.started_at < a.completed_at")
+    assert await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'completed'") == 2
+    assert overlap == 1  # they ran side by side

@@ -9,6 +9,7 @@ queue. A stale book costs a lane an empty claim, never a broken limit.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, NamedTuple
 
@@ -35,10 +36,21 @@ class QueueBook:
         self.looked_at = 0.0
         self.settings: dict[str, Settings] = {}
         self.settings_read_at = -float("inf")
+        #: One read at a time: a lane that needs the settings while another
+        #: reads them waits for that read instead of going on without them
+        #: (at start, it would take a limited queue for a plain one).
+        self._reading = asyncio.Lock()
+        #: Bumped by every change notification: a read that began before one
+        #: does not count as fresh.
+        self._changes = 0
 
     def settings_changed(self) -> None:
         """A notification said a queue was paused, resumed or limited."""
+        self._changes += 1
         self.settings_read_at = -float("inf")
+
+    def _fresh(self) -> bool:
+        return time.monotonic() - self.settings_read_at < self.poll_interval
 
     def known(self) -> list[str]:
         """Queues with waiting jobs at the last look, in name order."""
@@ -52,17 +64,22 @@ class QueueBook:
         s = self.settings.get(queue)
         return s is not None and s.limited
 
-    async def read_settings(self, raw: Any, force: bool = False) -> None:
-        """Reread the settings if they may be stale (every poll interval)."""
-        now = time.monotonic()
-        if not force and now - self.settings_read_at < self.poll_interval:
+    async def read_settings(self, raw: Any) -> None:
+        """Reread the settings if they may be stale (every poll interval, or
+        after a change was announced)."""
+        if self._fresh():
             return
-        self.settings_read_at = now
-        rows = await queries["queue_settings"].fetch(raw)
-        self.settings = {
-            r["name"]: Settings(r["paused"], r["concurrency"] is not None
-                                or r["rate_limit"] is not None)
-            for r in rows}
+        async with self._reading:
+            if self._fresh():
+                return  # another lane read them while this one waited
+            changes, started = self._changes, time.monotonic()
+            rows = await queries["queue_settings"].fetch(raw)
+            self.settings = {
+                r["name"]: Settings(r["paused"], r["concurrency"] is not None
+                                    or r["rate_limit"] is not None)
+                for r in rows}
+            if changes == self._changes:
+                self.settings_read_at = started
 
     async def look(self, raw: Any) -> None:
         """Which queues have waiting jobs, and when each is due next."""
