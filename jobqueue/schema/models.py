@@ -26,7 +26,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, DOMAIN, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: Longest job type accepted; validated before PostgreSQL has to reject it.
@@ -46,6 +46,15 @@ PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 UNIQUE_KEY_MAX_LENGTH = 255
 #: Longest schedule text (a cron expression, or `every Ns`) a schedule row holds.
 SCHEDULE_MAX_LENGTH = 200
+
+
+#: A queue's name as a type: a domain, whose CHECK runs when a value is
+#: written into a column of it (an insert, or an update that sets it). A table
+#: CHECK would run on every update of every job (each claim and completion),
+#: a regular expression per row: measured, it cost a no-op drain about a
+#: quarter of the server's time per job.
+QUEUE_NAME = DOMAIN("jobqueue_queue_name", String(QUEUE_NAME_MAX_LENGTH),
+                    check=f"VALUE ~ '{QUEUE_NAME_PATTERN}'", not_null=False)
 
 
 class JobStatus(enum.StrEnum):
@@ -95,8 +104,7 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(20), server_default=text("'pending'"))
     # Routing: a worker serves some queues (all by default); among a queue's
     # due jobs, higher priority first, then earlier due time.
-    queue: Mapped[str] = mapped_column(String(QUEUE_NAME_MAX_LENGTH),
-                                       server_default=text(f"'{DEFAULT_QUEUE}'"))
+    queue: Mapped[str] = mapped_column(QUEUE_NAME, server_default=text(f"'{DEFAULT_QUEUE}'"))
     priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     # At most one unfinished job per key (`uq_jobs_unique_key`); NULL: no key.
     unique_key: Mapped[str | None] = mapped_column(String(UNIQUE_KEY_MAX_LENGTH))
@@ -138,7 +146,6 @@ class Job(Base):
         CheckConstraint("max_retries >= 0", name="max_retries_non_negative"),
         CheckConstraint("jsonb_typeof(payload) = 'object'", name="payload_is_object"),
         CheckConstraint("length(job_type) > 0", name="job_type_not_empty"),
-        CheckConstraint(f"queue ~ '{QUEUE_NAME_PATTERN}'", name="queue_name"),
         CheckConstraint(f"priority BETWEEN {PRIORITY_MIN} AND {PRIORITY_MAX}",
                         name="priority_range"),
         # What a worker scans to claim: only pickable jobs, one queue at a
@@ -218,7 +225,7 @@ class Queue(Base):
 
     __tablename__ = "jobqueue_queues"
 
-    name: Mapped[str] = mapped_column(String(QUEUE_NAME_MAX_LENGTH), primary_key=True)
+    name: Mapped[str] = mapped_column(QUEUE_NAME, primary_key=True)
     paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     concurrency: Mapped[int | None] = mapped_column(Integer)
     rate_limit: Mapped[int | None] = mapped_column(Integer)
@@ -230,7 +237,6 @@ class Queue(Base):
     )
 
     __table_args__ = (
-        CheckConstraint(f"name ~ '{QUEUE_NAME_PATTERN}'", name="name"),
         CheckConstraint("concurrency > 0", name="concurrency_positive"),
         CheckConstraint("rate_limit > 0 AND rate_period > 0", name="rate_positive"),
         CheckConstraint("(rate_limit IS NULL) = (rate_period IS NULL)", name="rate_complete"),
