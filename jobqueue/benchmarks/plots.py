@@ -250,6 +250,83 @@ def work_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([head, _drain_columns(s)], axis=1)
 
 
+# -- queues and priorities --------------------------------------------------------
+
+_ROUTING = ["setup_order", "setup"]
+
+
+def routing_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per routing setup, in the order they ran (`scenarios.routing_series`):
+    `drain_summary`'s figures, the setup's queues, priorities and worker
+    label, and how priority held within the queues: the median of each
+    run's jobs completed after a job of lower priority in their queue
+    (`late_median`), the most in any run, and the most by which one was late
+    (`late_by_max_s`)."""
+    s = drain_summary(df, _ROUTING)
+    g = counted(df).groupby(_ROUTING, sort=True)
+    extra = pd.DataFrame({"queues": g["queues"].first(), "priorities": g["priorities"].first(),
+                          "priority_range": g["priority_range"].first(),
+                          "settings": g["settings"].first(), "argv": g["argv"].first(),
+                          "late_median": g["late_jobs"].median(), "late_max": g["late_jobs"].max(),
+                          "late_by_max_s": g["late_by_s"].max()}).reset_index()
+    return s.merge(extra, on=_ROUTING)
+
+
+def routing_table(df: pd.DataFrame) -> pd.DataFrame:
+    """A row per routing setup: queues × priorities, the worker, jobs/s,
+    the drains, and the jobs that completed after a lower priority of
+    their own queue (median of the runs and its share of n; the most late
+    any was, in ms)."""
+    s = routing_summary(df)
+    head = pd.DataFrame({"setup": s["setup"], "priorities": s["priority_range"],
+                         "worker": s["settings"].map(short_settings)})
+    cols = _drain_columns(s).drop(columns=["workers used", "last joined (s)"])
+    late = pd.DataFrame({
+        "completed after a lower priority (median)": [
+            f"{m:,.0f} ({m / n:.1%})" for m, n in zip(s["late_median"], s["n_max"], strict=True)],
+        "late by at most (ms)": (s["late_by_max_s"] * 1000).map(lambda v: f"{v:,.1f}")})
+    return pd.concat([head, cols.drop(columns=["runs", "flags"]), late,
+                      cols[["runs", "flags"]]], axis=1)
+
+
+def routing_plot(spans: pd.DataFrame, df: pd.DataFrame) -> plt.Figure:
+    """A panel per setup with more than one priority, from its last run: a
+    line per queue and priority from its first completed job to its last,
+    seconds from the drain's first claim. Priorities that held draw each
+    queue's lines left to right from the highest priority down."""
+    s = routing_summary(df)
+    shown = s[s["priorities"] > 1]
+    fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(5.5 * max(1, len(shown)), 3.8),
+                             squeeze=False)
+    levels = sorted(set(spans["priority"]), reverse=True)
+    colors = {p: plt.get_cmap("viridis")(i / max(1, len(levels) - 1))
+              for i, p in enumerate(levels)}
+    for ax, (_, setup) in zip(axes[0], shown.iterrows(), strict=False):
+        mine = spans[spans["setup"] == setup["setup"]]
+        last = mine[mine["run"] == mine["run"].max()]
+        queues = sorted(set(last["queue"]), key=lambda q: (len(q), q))
+        for y, queue in enumerate(queues):
+            for _, span in last[last["queue"] == queue].iterrows():
+                offset = (levels.index(span["priority"]) - (len(levels) - 1) / 2) * 0.12
+                # Ends marked: a priority done in one commit is a point.
+                ax.plot([span["first_s"], span["last_s"]], [y + offset] * 2, linewidth=2.5,
+                        marker="|", markersize=5, color=colors[span["priority"]],
+                        solid_capstyle="butt")
+        ax.set_yticks(range(len(queues)), queues, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds from the first claim")
+        runs_with = short_settings(setup["settings"]).partition(": ")[2]
+        ax.set_title(f"{setup['setup']}\n{runs_with}", fontsize=8)
+        ax.grid(True, axis="x", alpha=0.3)
+    for p in levels:
+        axes[0][0].plot([], [], color=colors[p], linewidth=2.5, label=f"priority {p}")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Each queue's jobs by priority, first to last completion (last run)",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 # -- latency ------------------------------------------------------------------------
 
 #: An arrival rate counts as met when the producer reached this share of it.

@@ -77,7 +77,68 @@ def _throughput(results: Path) -> str:
         lines += ["", "### Jobs that do something", "",
                   plots.markdown(plots.work_table(wdf)), "",
                   *work_findings(wdf, df)]
+    if (results / "throughput_routing.csv").exists():
+        lines += _routing(results)
     return "\n".join(lines)
+
+
+def _routing(results: Path) -> list[str]:
+    rdf, _ = load("throughput_routing", results)
+    spans, _ = load("throughput_routing_spans", results)
+    return ["", "### Queues and priorities", "",
+            "The same no-op jobs in one queue at one priority, then spread evenly over "
+            "several queues and priorities (interleaved in the table, so that none comes "
+            "first), drained by one worker process; *completed after a lower priority* counts "
+            "the jobs that completed after a job of lower priority in their own queue had "
+            "(jobs committed together count as at once).", "",
+            plots.markdown(plots.routing_table(rdf)), "",
+            _figure(plots.routing_plot(spans, rdf), "routing", results), "",
+            *routing_findings(rdf)]
+
+
+def routing_findings(rdf: pd.DataFrame) -> list[str]:
+    """The sentences under the queues-and-priorities drains, computed from
+    them: each spread setup against the one queue at one priority (the first
+    setup), and whether priority held within each queue."""
+    s = plots.routing_summary(rdf)
+    base = s.iloc[0]
+    lines = []
+    for _, row in s.iloc[1:].iterrows():
+        ratio = row["median"] / base["median"]
+        verdict = ("within the run-to-run spread" if not _apart(row, base)
+                   else "faster" if ratio > 1 else "slower")
+        lines.append(
+            f"Spread over {int(row['queues'])} queues × {int(row['priorities'])} priorities "
+            f"({row['priority_range']}), {int(row['n_max']):,} no-op jobs drain at "
+            f"{row['median']:,.0f} jobs/s ({row['min']:,.0f}–{row['max']:,.0f}, "
+            f"{_count(int(row['runs']), 'run')}) {_worker(row['settings'])}: {ratio:.2f}× the "
+            f"{base['median']:,.0f} of the same jobs in one queue at one priority "
+            f"({verdict}). " + _order_sentence(row))
+    return lines
+
+
+def _worker(settings: str) -> str:
+    """`at the CLI's defaults (2 lanes, …)` or `with `--queues …` (10 lanes, …)`."""
+    flags, _, rest = plots.short_settings(settings).partition(": ")
+    return (f"at the CLI's defaults ({rest})" if flags == "CLI defaults"
+            else f"with `{flags}` ({rest})")
+
+
+def _order_sentence(row: pd.Series) -> str:
+    """Did each queue finish its higher priorities first?"""
+    runs = int(row["runs"])
+    if row["late_max"] == 0:
+        return (f"Within every queue, no job completed after one of lower priority "
+                f"({f'in any of the {runs} runs' if runs > 1 else 'in its one run'}): "
+                "higher priorities first.")
+    shared = "--queues" not in str(row["argv"])
+    return (f"Within their queues, {row['late_median']:,.0f} of {int(row['n_max']):,} jobs "
+            f"({row['late_median'] / row['n_max']:.1%}, median of {_count(runs, 'run')}; at most "
+            f"{row['late_max']:,.0f}) completed after a job of lower priority in the same queue "
+            f"had, by at most {row['late_by_max_s'] * 1000:,.0f} ms"
+            + (": priority orders each claim, highest first, but every lane serves every "
+               "queue, so two lanes can hold batches of one queue at once, and the one with "
+               "the lower priorities may commit first." if shared else "."))
 
 
 def _drain_setting(row: pd.Series) -> str:

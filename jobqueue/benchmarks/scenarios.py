@@ -11,6 +11,10 @@
   to exit 0. Jobs can do real work: `write_row` (one INSERT) or the seed's
   `process_payment` (`jobqueue.lab.examples`: a balance UPDATE and a payment
   INSERT), and every drain checks that each job wrote exactly its rows.
+- `routing_series`: the same no-op jobs in one queue at one priority, then
+  spread over queues × priorities (`routing_drain`), drained by one CLI
+  worker: throughput, and whether each queue completed its higher
+  priorities first (from `completed_at`).
 - `open_loop`: jobs arrive one by one at a fixed rate, each in its own
   transaction, on a schedule that does not wait for the queue (open loop);
   an idle worker process picks them up. Distributions of enqueue-to-start
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import shlex
@@ -234,11 +239,12 @@ def worker_options(argv: Sequence[str]) -> argparse.Namespace:
     return build_parser().parse_args(["worker", *argv])
 
 
-def lanes_of(opts: argparse.Namespace) -> int:
-    """The lanes a worker with these CLI options runs (`--concurrency`, or
-    the lane counts of `--queues`)."""
-    return len(WorkerConfig(concurrency=opts.concurrency or DEFAULT_CONCURRENCY,
-                            queues=opts.queues).lane_queues)
+def lanes(opts: argparse.Namespace) -> int:
+    """The lanes a worker given these options runs: `--concurrency` of them,
+    or as many as `--queues` gives lanes per queue (`WorkerConfig.lane_queues`)."""
+    config = WorkerConfig(concurrency=opts.concurrency or DEFAULT_CONCURRENCY,
+                          queues=getattr(opts, "queues", None) or ())
+    return len(config.lane_queues)
 
 
 def worker_label(argv: Sequence[str], workers: int = 1) -> str:
@@ -248,14 +254,14 @@ def worker_label(argv: Sequence[str], workers: int = 1) -> str:
     opts = worker_options(argv)
     command = "jobqueue worker " + shlex.join(argv)
     defaults = all(a == "--import" or argv[i - 1] == "--import" for i, a in enumerate(argv))
-    count = lanes_of(opts)
-    lanes = f"{count} lane{'s' if count > 1 else ''}"
+    count = lanes(opts)
+    lanes_run = f"{count} lane{'s' if count > 1 else ''}"
     each = " each" if workers > 1 else ""
     procs = (f", {workers} processes ({'shared' if opts.shared else 'exclusive'})"
              if workers > 1 else ", 1 process")
     times = f" × {workers}" if workers > 1 else ""
     prefix = "CLI defaults, as in the README " if defaults else ""
-    return (f"{prefix}(`{command}`{times}): {lanes}{each}, batch {opts.batch_size}, "
+    return (f"{prefix}(`{command}`{times}): {lanes_run}{each}, batch {opts.batch_size}, "
             f"{opts.log_level} logs{procs}")
 
 
@@ -341,18 +347,20 @@ _START_SKEW = ("SELECT extract(epoch FROM max(first) - min(first)) FROM"
 
 
 async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler: str,
-                 timeout: float, log_dir: Path | None, memory: bool, burst: bool
+                 timeout: float, log_dir: Path | None, memory: bool, burst: bool,
+                 filler: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """`drain` (`burst`: the processes exit by themselves) or `cli_drain`
     (they are stopped once the jobs are done), plus the RSS samples (empty
-    unless `memory`)."""
+    unless `memory`). `filler` queues the n jobs instead of `fill` (jobs
+    spread over queues and priorities: `routing_drain`)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-drain-"))
     conn = await db.connect(url, application_name="jobqueue bench")
     procs: list[WorkerProcess] = []
     sampler = rss.RssSampler([])
     try:
         await _reset(conn, handler)
-        await fill(conn, n, handler)
+        await (filler(conn) if filler is not None else fill(conn, n, handler))
         wal_before = await conn.fetchrow(_WAL)
         vacuums_before = await conn.fetchval(_AUTOVACUUMS)
         procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *argv) for i in range(workers)]
@@ -388,7 +396,7 @@ async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler
     seconds = float(row["seconds"])
     result = {"n": n, "batch_size": opts.batch_size, "workers": workers,
               "mode": "shared" if opts.shared else "exclusive", "handler": handler,
-              "concurrency": lanes_of(opts), "log_level": opts.log_level,
+              "concurrency": lanes(opts), "log_level": opts.log_level,
               "argv": shlex.join(argv), "settings": worker_label(argv, workers),
               "seconds": seconds, "jobs_per_sec": n / seconds,
               "workers_used": row["workers_used"], "start_skew_s": float(skew or 0.0),
@@ -793,3 +801,141 @@ async def recovery_series(url: str, *, signals: Sequence[str], trials: int, leas
                                   for point in timeline]
                     bar.update()
     return times, timelines
+
+
+# -- queues and priorities ----------------------------------------------------------
+
+#: The priorities of the routing drains: the default, two above and two below.
+ROUTING_PRIORITIES = (-2, -1, 0, 1, 2)
+
+
+def queue_names(count: int) -> list[str]:
+    """`q0`, `q1`, …: the queues of a routing drain."""
+    return [f"q{i}" for i in range(count)]
+
+
+def lanes_per_queue(queues: Sequence[str], lanes: int = 1) -> list[str]:
+    """`--queues q0=1,q1=1,…`: `lanes` of its own for every queue."""
+    return ["--queues", ",".join(f"{q}={lanes}" for q in queues)]
+
+
+def cli_takes(*flags: str) -> bool:
+    """Does `jobqueue worker` accept these arguments? A setup that needs a
+    flag this checkout's CLI does not have yet is left out, not failed."""
+    from jobqueue.ops.cli import build_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text
+            _, unknown = build_parser().parse_known_args(["worker", *flags])
+    except SystemExit:  # a known flag given a value it refuses
+        return False
+    return not unknown
+
+
+async def fill_routed(conn: asyncpg.Connection, n: int, queues: Sequence[str],
+                      priorities: Sequence[int]) -> None:
+    """n no-op jobs spread evenly over `queues` × `priorities` and interleaved
+    (job i: queue i mod Q, priority (i div Q) mod P), so that no queue and no
+    priority comes first in the table; one statement, then VACUUM ANALYZE,
+    like `fill`."""
+    await conn.execute(
+        "INSERT INTO jobs (job_type, payload, queue, priority)"
+        " SELECT 'noop', '{}', ($2::text[])[1 + g % $3], ($4::integer[])[1 + (g / $3) % $5]"
+        " FROM generate_series(0, $1 - 1) AS g",
+        n, list(queues), len(queues), list(priorities), len(priorities))
+    await conn.execute("VACUUM ANALYZE jobs")
+
+
+#: Jobs that completed after a job of lower priority in their own queue had
+#: (a batch's jobs share one completion time, so jobs committed together
+#: count as at once), and the most by which one did.
+_PRIORITY_ORDER = """
+    WITH levels AS (
+        SELECT queue, priority, min(completed_at) AS first FROM jobs GROUP BY queue, priority
+    ), bounds AS (
+        SELECT queue, priority,
+               min(first) OVER (PARTITION BY queue ORDER BY priority
+                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS lower_first
+        FROM levels
+    )
+    SELECT count(*) AS late_jobs,
+           coalesce(extract(epoch FROM max(j.completed_at - b.lower_first)), 0) AS late_by
+    FROM jobs AS j JOIN bounds AS b USING (queue, priority)
+    WHERE j.completed_at > b.lower_first"""
+#: When each queue × priority had its first and last job completed, in
+#: seconds from the drain's first claim.
+_SPANS = """
+    SELECT queue, priority, count(*) AS jobs,
+           extract(epoch FROM min(completed_at) - t0) AS first_s,
+           extract(epoch FROM max(completed_at) - t0) AS last_s
+    FROM jobs, (SELECT min(started_at) AS t0 FROM jobs) AS s
+    GROUP BY queue, priority, t0
+    ORDER BY queue, priority DESC"""
+
+
+async def routing_drain(url: str, *, n: int, queues: Sequence[str],
+                        priorities: Sequence[int] = ROUTING_PRIORITIES,
+                        flags: Sequence[str] = (), timeout: float = 900.0
+                        ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One drain as `cli_drain` runs it (one process, the CLI's defaults
+    unless `flags`) of n no-op jobs spread over `queues` × `priorities`
+    (`fill_routed`). Its row, plus how priority held within each queue:
+    `late_jobs`, the jobs completed after a job of lower priority in their
+    queue had been, and `late_by_s`, the most by which one was (0: every
+    queue finished its priorities highest first); and the spans, each queue
+    × priority's first and last completion."""
+    argv = worker_argv("noop", *flags)
+    names = list(queues)
+    row, _ = await _drain(url, n=n, argv=argv, workers=1, handler="noop", timeout=timeout,
+                          log_dir=None, memory=False, burst=False,
+                          filler=lambda conn: fill_routed(conn, n, names, priorities))
+    conn = await db.connect(url, application_name="jobqueue bench")
+    try:
+        order = await conn.fetchrow(_PRIORITY_ORDER)
+        spans = [{**dict(r), "first_s": float(r["first_s"]), "last_s": float(r["last_s"])}
+                 for r in await conn.fetch(_SPANS)]
+    finally:
+        await conn.close()
+    row.update(queues=len(names), priorities=len(priorities),
+               priority_range=f"{min(priorities)}..{max(priorities)}",
+               late_jobs=int(order["late_jobs"]), late_by_s=float(order["late_by"]))
+    return row, spans
+
+
+def routing_setups(queues: int, priorities: Sequence[int] = ROUTING_PRIORITIES
+                   ) -> list[dict[str, Any]]:
+    """The routing section's setups, in the order they run: the same jobs in
+    one queue at one priority (the baseline), spread over `queues` queues ×
+    `priorities` at the CLI's defaults, and the same with a lane of its own
+    for each queue (`--queues q0=1,…`), if this CLI has `--queues`."""
+    names = queue_names(queues)
+    spread_over = f"{queues} queues × {len(priorities)} priorities"
+    setups = [{"setup": "1 queue, 1 priority", "queues": ["default"], "priorities": (0,),
+               "flags": []},
+              {"setup": spread_over, "queues": names, "priorities": tuple(priorities),
+               "flags": []}]
+    own_lanes = lanes_per_queue(names)
+    if cli_takes(*own_lanes):
+        setups.append({"setup": f"{spread_over}, a lane per queue", "queues": names,
+                       "priorities": tuple(priorities), "flags": own_lanes})
+    return setups
+
+
+async def routing_series(url: str, *, n: int, queues: int, repeat: int,
+                         priorities: Sequence[int] = ROUTING_PRIORITIES
+                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`repeat` rounds of every `routing_setups` setup, each draining n jobs
+    (a round runs every setup once, so a slow spell of the machine hits all
+    of them): the drains' rows, and the spans of each (`routing_drain`)."""
+    setups = routing_setups(queues, priorities)
+    rows, spans = [], []
+    with progress(len(setups) * repeat, "queues") as bar:
+        for run in range(1, repeat + 1):
+            for order, setup in enumerate(setups):
+                row, span = await routing_drain(url, n=n, queues=setup["queues"],
+                                                priorities=setup["priorities"],
+                                                flags=setup["flags"])
+                rows.append({"setup": setup["setup"], "setup_order": order, **row, "run": run})
+                spans += [{"setup": setup["setup"], "run": run, **s} for s in span]
+                bar.update()
+    return rows, spans

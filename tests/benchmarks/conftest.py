@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from jobqueue.benchmarks import quick
+from jobqueue.benchmarks import quick, scenarios
 
 
 @pytest.fixture
@@ -20,3 +20,12 @@ async def bench_database(server_url: str) -> AsyncIterator[str]:
     name = f"{quick.BENCH_DATABASE}_{uuid.uuid4().hex[:12]}"
     yield await quick.prepare_database(server_url, name)
     await quick.drop_bench_database(server_url, name)
+
+
+@pytest.fixture
+async def bench_url(server_url: str) -> AsyncIterator[str]:
+    """A benchmark database of this test's own with the tables the handlers
+    write (`scenarios.open_bench`), dropped afterwards."""
+    name = f"t{uuid.uuid4().hex[:8]}"
+    yield await scenarios.open_bench(name)
+    await scenarios.close_bench(name)

@@ -13,14 +13,6 @@ from jobqueue.benchmarks.report import drain_findings, goal_lines, render
 from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 
 
-@pytest.fixture
-async def bench_url(server_url: str):
-    name = f"t{uuid.uuid4().hex[:8]}"
-    url = await scenarios.open_bench(name)
-    yield url
-    await scenarios.close_bench(name)
-
-
 def test_params_come_from_one_place(monkeypatch) -> None:
     monkeypatch.delenv("JOBQUEUE_LAB_SIZE", raising=False)
     assert param("x", smoke=1, full=2) == 1
