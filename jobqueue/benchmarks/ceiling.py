@@ -262,20 +262,20 @@ async def run(n: int = 2000, repeat: int = 5, batch: int = 1000, noop_jobs: int 
     lanes = lane_engine(url, 1, "jobqueue ceiling lane")
     try:
         pid = raw.get_server_pid()
-        for name, what, step in raw_steps(raw):
-            rows.append(await measure(name, step, n, repeat, pid, what))
+        for label, what, step in raw_steps(raw):
+            rows.append(await measure(label, step, n, repeat, pid, what))
         async with plain.connect() as conn:
             pid = (await _driver(conn)).get_server_pid()
-            for name, what, step in sqlalchemy_steps(conn):
-                rows.append(await measure(name, step, n, repeat, pid, what))
+            for label, what, step in sqlalchemy_steps(conn):
+                rows.append(await measure(label, step, n, repeat, pid, what))
         async with lanes.connect() as conn:
             driver = await _driver(conn)
-            for name, what, step in lane_steps(conn, driver):
-                rows.append(await measure(name, step, n, repeat, driver.get_server_pid(),
+            for label, what, step in lane_steps(conn, driver):
+                rows.append(await measure(label, step, n, repeat, driver.get_server_pid(),
                                           what))
         fill, steps = batch_steps(raw, batch)
-        for name, what, step in steps:
-            rows.append(await measure(name, step, noop_jobs, repeat, raw.get_server_pid(),
+        for label, what, step in steps:
+            rows.append(await measure(label, step, noop_jobs, repeat, raw.get_server_pid(),
                                       what, prepare=fill))
     finally:
         await raw.close()

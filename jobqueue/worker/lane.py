@@ -137,8 +137,9 @@ class Lane:
         self.config = config
         #: The queues this lane takes from (None: every queue with waiting jobs).
         self.serves = serves
-        #: Where the next batch's turn among the queues starts.
-        self.turn = 0
+        #: Where the next batch's turn among the queues starts: lanes start
+        #: apart, so two lanes do not take from the same queue in lockstep.
+        self.turn = number
         #: The queues the last empty round tried.
         self.tried: set[str] = set()
         self.life = life
