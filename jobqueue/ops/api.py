@@ -96,6 +96,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from jobqueue import __version__, db, queues
 from jobqueue.enqueue import (
     MAX_RETRIES_LIMIT,
+    check_job_type,
     check_max_retries,
     check_priority,
     check_queue,
@@ -106,7 +107,7 @@ from jobqueue.enqueue import (
 )
 from jobqueue.errors import is_connection_error
 from jobqueue.ops import metrics, routing
-from jobqueue.registry import HandlerRegistry, check_job_type
+from jobqueue.registry import HandlerRegistry
 from jobqueue.schema.models import (
     DEFAULT_QUEUE,
     ERROR_MESSAGE_MAX_LENGTH,

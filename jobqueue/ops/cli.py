@@ -92,6 +92,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from jobqueue.enqueue import (
         Enqueued,
+        check_job_type,
         check_max_retries,
         check_priority,
         check_queue,
@@ -100,7 +101,6 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         encode_payload,
         try_enqueue,
     )
-    from jobqueue.registry import check_job_type
 
     try:
         payload = json.loads(args.payload)

@@ -33,7 +33,6 @@ class QueueBook:
         self.poll_interval = poll_interval
         #: Queue -> seconds until its earliest waiting job is due, at the last look.
         self.waiting: dict[str, float] = {}
-        self.looked_at = 0.0
         self.settings: dict[str, Settings] = {}
         self.settings_read_at = -float("inf")
         #: One read at a time: a lane that needs the settings while another
@@ -85,7 +84,6 @@ class QueueBook:
         """Which queues have waiting jobs, and when each is due next."""
         rows = await queries["waiting_queues"].fetch(raw)
         self.waiting = {r["queue"]: r["due_in"] for r in rows}
-        self.looked_at = time.monotonic()
         await self.read_settings(raw)
 
     def due_in(self, served: tuple[str, ...] | None) -> float | None:
