@@ -25,14 +25,24 @@ SELECT max(running) FROM (
 """
 
 
+async def _registered(conn: asyncpg.Connection, n: int) -> None:
+    """Every worker is up before the first job exists: a worker that started a
+    few seconds late on a loaded machine would find the work already done."""
+    await wait_for(lambda: conn.fetchval(
+        "SELECT count(*) = $1 FROM jobqueue_workers WHERE state = 'shared'", n),
+        timeout=30, message=f"{n} shared workers registered")
+
+
 async def test_a_concurrency_limit_holds_across_shared_workers(
     engine: AsyncEngine, conn: asyncpg.Connection, spawn_worker
 ) -> None:
     async with engine.begin() as s:
         await queues.limit(s, "mail", concurrency=5)
-        await enqueue_many(s, "sleep", [{"seconds": 0.05}] * 300, queue="mail")
     # Three workers with four lanes each: twelve lanes that would run twelve at once.
     workers = [spawn_worker("--shared", "--concurrency", "4") for _ in range(3)]
+    await _registered(conn, 3)
+    async with engine.begin() as s:
+        await enqueue_many(s, "sleep", [{"seconds": 0.05}] * 300, queue="mail")
     samples: list[int] = []
 
     async def done() -> bool:
@@ -55,9 +65,11 @@ async def test_a_rate_limit_holds_across_shared_workers(
 ) -> None:
     async with engine.begin() as s:
         await queues.limit(s, "api", rate="20/s")
-        await enqueue_many(s, "noop", [{}] * 70, queue="api")
     # Claims of two jobs at most: both workers' lanes keep asking every window.
     workers = [spawn_worker("--shared", "--batch-size", "2") for _ in range(2)]
+    await _registered(conn, 2)
+    async with engine.begin() as s:
+        await enqueue_many(s, "noop", [{}] * 70, queue="api")
     await wait_for(lambda: conn.fetchval(
         "SELECT count(*) = 70 FROM jobs WHERE status = 'completed'"),
         timeout=60, message="70 jobs completed")
