@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -44,6 +45,9 @@ DEFAULT_QUEUE = "default"
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 #: Longest unique key accepted.
 UNIQUE_KEY_MAX_LENGTH = 255
+#: Longest timeout accepted, in seconds (a year): anything longer is a
+#: mistake of units, not a timeout.
+TIMEOUT_MAX = 31_536_000
 #: Longest schedule text (a cron expression, or `every Ns`) a schedule row holds.
 SCHEDULE_MAX_LENGTH = 200
 
@@ -133,6 +137,12 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
+    # Job control: `timeout` bounds one attempt (seconds; NULL: none);
+    # `run_alone` marks a job lost with a worker that died while running it
+    # beside others: it runs alone next time, so a death names the culprit.
+    timeout: Mapped[float | None] = mapped_column(Float)
+    run_alone: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
     # The worker that claimed the job last. Every state change a worker makes
     # checks it still owns the job, so a worker that lost a job cannot finish it.
     worker_id: Mapped[int | None] = mapped_column(Integer)
@@ -148,6 +158,7 @@ class Job(Base):
         CheckConstraint("length(job_type) > 0", name="job_type_not_empty"),
         CheckConstraint(f"priority BETWEEN {PRIORITY_MIN} AND {PRIORITY_MAX}",
                         name="priority_range"),
+        CheckConstraint(f"timeout > 0 AND timeout <= {TIMEOUT_MAX}", name="timeout_range"),
         # What a worker scans to claim: only pickable jobs, one queue at a
         # time, in the order they run (priority, then due time), so a claim
         # reads the first entries of its queue and stops.
@@ -166,6 +177,15 @@ class Job(Base):
             unique=True,
             postgresql_where=text(
                 "unique_key IS NOT NULL AND status IN ('pending', 'processing', 'retrying')"),
+        ),
+        # Jobs that must run alone (lost with a crashed batch): few or none,
+        # claimed one at a time by a worker with nothing else running.
+        Index(
+            "idx_jobs_alone",
+            "queue",
+            text("priority DESC"),
+            "run_at",
+            postgresql_where=text("run_alone AND status IN ('pending', 'retrying')"),
         ),
         # What recovery scans: jobs a worker holds.
         Index(
@@ -211,6 +231,40 @@ class Worker(Base):
         CheckConstraint("mode IN ('exclusive', 'shared')", name="mode"),
         CheckConstraint("state IN ('standby', 'active', 'shared')", name="state"),
     )
+
+
+class Batch(Base):
+    """A quick batch in flight: the jobs one lane locked in its transaction
+    (`xid`), written before they run. Its jobs show nothing of it until the
+    batch commits, so after a crash this row is what names them (`rescue`).
+    One row per lane, overwritten by its next batch; UNLOGGED."""
+
+    __tablename__ = "jobqueue_batches"
+
+    worker_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    lane: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    xid: Mapped[int] = mapped_column(BigInteger)
+    job_ids: Mapped[list[uuid.UUID]] = mapped_column(ARRAY(UUID(as_uuid=True)))
+    started_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+
+    __table_args__ = ({"prefixes": ["UNLOGGED"]},)
+
+
+class Waiter(Base):
+    """A caller of `jobqueue.wait()`: finishing the job notifies it. UNLOGGED."""
+
+    __tablename__ = "jobqueue_waiters"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    pid: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False,
+                                     server_default=text("pg_backend_pid()"))
+    since: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+
+    __table_args__ = ({"prefixes": ["UNLOGGED"]},)
 
 
 class Queue(Base):
