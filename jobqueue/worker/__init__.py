@@ -6,7 +6,8 @@ each batch (`Plan`) and holds its jobs one of two ways (`batch`: taken or
 claimed, each with its own hand-back rule) from the queues it serves, in
 turn (`book`: which queues have waiting jobs, which are paused or
 limited); `handler` is what a handler sees
-(its session and the hooks behind it, `current_job()`); `upkeep` keeps the
+(its session and the hooks behind it, `current_job()`); `threads` runs
+sync (plain `def`) handlers in a bounded pool of threads; `upkeep` keeps the
 worker alive and the queue clean (heartbeat and fencing, rescue and
 pruning); `stats` counts. Every part is given a `WorkerConfig` (`config`)
 and the few things it needs, never the runner.
@@ -16,6 +17,7 @@ from jobqueue.schema.locks import ACTIVE_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.worker.config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
+    DEFAULT_THREADS,
     SAVEPOINT_MODES,
     WorkerConfig,
 )
@@ -26,6 +28,7 @@ __all__ = [
     "ACTIVE_KEY",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_CONCURRENCY",
+    "DEFAULT_THREADS",
     "LOCK_CLASS",
     "SAVEPOINT_MODES",
     "WORKER_LOCK_CLASS",
