@@ -8,6 +8,7 @@ import asyncio
 import functools
 import json
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,15 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, current_job, db, enqueue_many
+from jobqueue import (
+    HandlerRegistry,
+    JobRunner,
+    RetryPolicy,
+    current_job,
+    db,
+    enqueue_many,
+    queues,
+)
 from jobqueue.testing import WorkerProcess, drain, in_state, wait_for, worker_state
 from jobqueue.worker import WorkerConfig
 
@@ -207,6 +216,31 @@ async def test_a_savepoint_of_its_own_recovers_from_a_database_error(
     assert await conn.fetchval("SELECT count(*) FROM effects") == 1
 
 
+async def test_a_limited_queue_limits_sync_jobs_too(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    registry = HandlerRegistry()
+
+    @registry.register("slow")
+    def slow(session: Any, payload: dict[str, Any]) -> None:
+        time.sleep(0.1)
+
+    async with engine.begin() as s:
+        await queues.limit(s, "narrow", concurrency=1)
+        await enqueue_many(s, "slow", [{} for _ in range(4)], queue="narrow")
+    await drain(db_url, registry=registry, threads=4)
+    assert await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'completed'") == 4
+    assert await _most_at_once(conn) == 1  # four threads free, one job at a time
+
+
+async def _most_at_once(conn: asyncpg.Connection) -> int:
+    """The most jobs running at once, from their own timestamps (claimed at
+    started_at, recorded at completed_at)."""
+    return await conn.fetchval(
+        "SELECT max((SELECT count(*) FROM jobs AS o WHERE o.started_at <= j.started_at "
+        "AND o.completed_at > j.started_at)) FROM jobs AS j")
+
+
 async def test_interrupt_cancels_the_running_statement_and_fails_the_attempt(
     engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
 ) -> None:
@@ -309,12 +343,7 @@ async def test_never_more_sync_handlers_at_once_than_threads(
     await wait_for(lambda: conn.fetchval(
         "SELECT count(*) = 8 FROM jobs WHERE status = 'completed'"),
         timeout=TIMEOUT, message="every sync job completed")
-    # From the jobs' own timestamps (claimed at started_at, recorded at completed_at):
-    # how many ran at once when each began.
-    overlaps = await conn.fetch(
-        "SELECT (SELECT count(*) FROM jobs AS o WHERE o.started_at <= j.started_at "
-        "AND o.completed_at > j.started_at) AS n FROM jobs AS j")
-    assert max(r["n"] for r in overlaps) == 2  # side by side, never three
+    assert await _most_at_once(conn) == 2  # side by side, never three
     threads = await conn.fetchval("SELECT count(DISTINCT result ->> 'thread') FROM jobs")
     assert threads == 2
     await worker.stop()

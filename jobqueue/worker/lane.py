@@ -240,8 +240,7 @@ class Lane:
             queue = queues[(self.turn + step) % len(queues)]
             if book.paused(queue):
                 continue
-            batch: BatchKind = (LIMITED if book.limited(queue)
-                                else TAKEN if take else CLAIMED)
+            batch = self.batch_kind(queue, take)
             started = await batch.start(raw, limit, self.worker_id, queue,
                                         self.life.job_types)
             if started is not None:
@@ -251,6 +250,11 @@ class Lane:
                 return True
         self.tried = set(queues)
         return False
+
+    def batch_kind(self, queue: str, take: bool) -> BatchKind:
+        """How a batch from `queue` holds its jobs: claimed one claimer at a
+        time if the queue is limited, else taken or claimed as planned."""
+        return LIMITED if self.life.book.limited(queue) else TAKEN if take else CLAIMED
 
     def _full(self, taken: bool, started: float, savepoints: int, job: ClaimedJob) -> bool:
         """Must the batch stop before `job`? A quick batch that outruns

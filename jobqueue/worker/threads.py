@@ -75,7 +75,14 @@ from jobqueue import db
 from jobqueue.errors import is_connection_error, one_line
 from jobqueue.registry import SyncJobHandler
 from jobqueue.schema.queries import queries
-from jobqueue.worker.batch import BatchKind, Decided, LostOwnership, Outcomes, rollback
+from jobqueue.worker.batch import (
+    BatchKind,
+    Claimed,
+    Decided,
+    Limited,
+    LostOwnership,
+    Outcomes,
+)
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.handler import (
     IN_HANDLER,
@@ -114,6 +121,8 @@ class SyncRun:
     driver: Any = None
     #: The handler is running: its statements may be interrupted.
     in_handler: bool = False
+    #: Its transaction is open: the handler sent a statement (`_before_statement`).
+    began: bool = False
     #: A statement of the handler failed and no savepoint of its own undid it.
     db_error: bool = False
 
@@ -248,11 +257,19 @@ event.listen(HandlerSession, "before_commit", refuse_handler_commit)
 def thread_engine(url: str, threads: int, application_name: str) -> Engine:
     """The engine the threads draw their connections from: psycopg 3, one
     connection per thread (opened when first needed), named like the
-    lanes' connections so that `terminate_lanes` and fencing reach them."""
+    lanes' connections so that `terminate_lanes` and fencing reach them.
+
+    In autocommit mode, as the lanes' are: SQLAlchemy sends no BEGIN of its
+    own, and the job's transaction begins just before the handler's first
+    statement (`_before_statement`). A handler that never touches the
+    database (an HTTP call, an S3 upload) costs one round trip to record:
+    `complete` alone, which commits as it runs; a handler that writes pays
+    BEGIN and COMMIT around its statements and the `complete` after them."""
     engine = create_engine(db.sync_url(url), pool_size=threads, max_overflow=0,
-                           pool_pre_ping=False,
+                           pool_pre_ping=False, isolation_level="AUTOCOMMIT",
                            connect_args={"application_name": application_name})
     event.listen(engine, "before_cursor_execute", _before_statement)
+    event.listen(engine, "rollback", _rolled_back)
     event.listen(engine, "commit", _refuse_commit)
     event.listen(engine, "handle_error", _note_error)
     event.listen(engine, "rollback_savepoint", _recovered)
@@ -266,9 +283,23 @@ def _run_of(conn: Any) -> SyncRun | None:
 
 def _before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
                       context: Any, executemany: bool) -> None:
+    """A handler's statement: interrupted, or into the job's transaction
+    (begun here, on the driver, before its first one)."""
     run = _run_of(conn)
-    if run is not None and run.reason is not None:
+    if run is None:
+        return
+    if run.reason is not None:
         raise Interrupted(run.reason)
+    if not run.began:
+        run.driver.execute("BEGIN")
+        run.began = True
+
+
+def _rolled_back(conn: Any) -> None:
+    """The handler's session rolled back: its transaction is gone (the driver
+    sends the ROLLBACK), and its next statement begins a new one."""
+    if (run := _run_of(conn)) is not None:
+        run.began = False
 
 
 def _refuse_commit(conn: Any) -> None:
@@ -291,22 +322,22 @@ def _recovered(conn: Any, name: str, context: Any) -> None:
         run.db_error = False
 
 
-def _roll_back(conn: Connection) -> None:
-    """Roll back whatever is open, on the driver too: a refused commit leaves
-    SQLAlchemy's transaction ended but the driver's still open, with the
-    handler's writes in it."""
+def _roll_back(conn: Connection, run: SyncRun) -> None:
+    """Undo the job's transaction, if one is open (on the driver, which SQLAlchemy
+    in autocommit mode leaves alone), and SQLAlchemy's own bookkeeping."""
+    run.began = False
+    with contextlib.suppress(Exception):
+        run.driver.rollback()
     with contextlib.suppress(Exception):
         conn.rollback()
-    with contextlib.suppress(Exception):
-        driver: Any = conn.connection.driver_connection
-        driver.rollback()
 
 
-def _record(conn: Connection, out: Outcomes, worker_id: int) -> list[float]:
-    """Write one job's outcome in the thread's transaction and commit it:
-    the handler's writes (on success) and its completion become durable
-    together. LostOwnership when the job is no longer this worker's (it was
-    declared hung and another worker took it): nothing commits."""
+def _record(conn: Connection, run: SyncRun, out: Outcomes, worker_id: int) -> list[float]:
+    """Write one job's outcome and make it durable: in the job's transaction
+    after the handler's writes, then COMMIT, so that both commit together;
+    alone (it commits as it runs) when the handler wrote nothing.
+    LostOwnership when the job is no longer this worker's (it was declared
+    hung and another worker took it): nothing commits."""
     if out.done_ids:
         rows = conn.execute(queries["complete"].text, {
             "ids": out.done_ids, "results": out.results, "worker_id": worker_id,
@@ -317,8 +348,29 @@ def _record(conn: Connection, out: Outcomes, worker_id: int) -> list[float]:
             "retry": out.retry, "worker_id": worker_id, "taken": False}).all()
     if len(rows) != 1:
         raise LostOwnership
-    conn.commit()
+    if run.began:
+        run.driver.commit()
+        run.began = False
+    conn.rollback()  # SQLAlchemy's transaction, which sent nothing
     return [float(row[0]) for row in rows] if out.done_ids else []
+
+
+class _ClaimOnly(Claimed):
+    """Claimed, and no batch transaction after the claim: each job runs in a
+    transaction of its own, in its thread."""
+
+    async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
+                    job_types: list[str]) -> tuple[Any, list[ClaimedJob]] | None:
+        rows = await self._claim(raw, limit=limit, worker_id=worker_id, queue=queue,
+                                 job_types=job_types)
+        return (None, list(map(ClaimedJob._make, rows))) if rows else None
+
+
+class _LimitedClaimOnly(_ClaimOnly, Limited):
+    """`_ClaimOnly` for a paused or limited queue (`Limited`'s admission)."""
+
+
+CLAIM_ONLY, LIMITED_CLAIM_ONLY = _ClaimOnly(), _LimitedClaimOnly()
 
 
 class ThreadLane(Lane):
@@ -338,6 +390,9 @@ class ThreadLane(Lane):
 
     def plan(self) -> Plan:
         return Plan(take=False, limit=max(1, self.pool.free))
+
+    def batch_kind(self, queue: str, take: bool) -> BatchKind:
+        return LIMITED_CLAIM_ONLY if self.life.book.limited(queue) else CLAIM_ONLY
 
     async def run(self) -> None:
         """Claim and hand out until stopped; then the running sync handlers
@@ -373,9 +428,8 @@ class ThreadLane(Lane):
     async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, tx: Any,
                          jobs: list[ClaimedJob], batch: BatchKind, isolated: bool = False,
                          decided: dict[uuid.UUID, Decided] | None = None) -> None:
-        """The claim committed; the jobs run in threads, each in a transaction
-        of its own, so the lane's (empty) batch transaction ends here."""
-        await rollback(tx)
+        """The claim committed (`tx` is None: no batch transaction); each job
+        runs in a thread, in a transaction of its own."""
         for job in jobs:
             run = SyncRun(job)
             done = self.pool.submit(run, self._in_thread)
@@ -434,12 +488,12 @@ class ThreadLane(Lane):
             if run.cut:
                 raise Interrupted("abandoned")
             out.success(job.id, encoded, time.perf_counter() - started)
-            return out, _record(conn, out, self.worker_id)
+            return out, _record(conn, run, out, self.worker_id)
         except LostOwnership:
-            self._lost(conn, job)
+            self._lost(conn, run)
             return None
         except Exception as exc:
-            _roll_back(conn)  # the handler's writes are gone
+            _roll_back(conn, run)  # the handler's writes are gone
             if run.cut:
                 return None
             if is_connection_error(exc) and conn.invalidated:
@@ -448,9 +502,9 @@ class ThreadLane(Lane):
             out = Outcomes()
             self._fail(job, error, out, time.perf_counter() - started)
             try:
-                return out, _record(conn, out, self.worker_id)
+                return out, _record(conn, run, out, self.worker_id)
             except LostOwnership:
-                self._lost(conn, job)
+                self._lost(conn, run)
                 return None
 
     def _call(self, conn: Connection, run: SyncRun) -> str | None:
@@ -462,11 +516,11 @@ class ThreadLane(Lane):
             raise HandlerError(f"no sync handler registered for job type {job.job_type!r}")
         conn.begin()
         # Bound to a connection already in a transaction, the session joins
-        # it: its flushes go into it, its rollback() rolls it back; its own
-        # commit() is refused (`HandlerSession`).
+        # it instead of owning it: its close() leaves it open, its rollback()
+        # rolls the job's back, its own commit() is refused (`HandlerSession`).
         session = HandlerSession(bind=conn, expire_on_commit=False)
         session.info[IN_HANDLER] = run.in_handler = True
-        run.db_error = False
+        run.db_error = run.began = False
         try:
             result = handler(session, json.loads(job.payload))
             if inspect.isawaitable(result):
@@ -486,8 +540,9 @@ class ThreadLane(Lane):
                 "the handler caught a database error and went on; its writes are void")
         return encode_result(result)
 
-    def _lost(self, conn: Connection, job: ClaimedJob) -> None:
-        _roll_back(conn)
+    def _lost(self, conn: Connection, run: SyncRun) -> None:
+        _roll_back(conn, run)
+        job = run.job
         logger.warning("sync job %s (%s) rolled back: another worker took it", job.id,
                        job.job_type, extra={"event": "batch_lost", "jobs": 1,
                                             "job_id": str(job.id), "worker_id": self.worker_id})
