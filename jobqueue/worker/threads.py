@@ -452,7 +452,11 @@ class ThreadLane(Lane):
                          extra={"event": "sync_job_lost", "job_id": str(job.id),
                                 "job_type": job.job_type, "worker_id": self.worker_id,
                                 "error": one_line(exc)})
-            await self.life.hand_back([job.id])
+            try:
+                await self.life.hand_back([job.id])
+            except Exception as again:  # the worker's connections went too: a rescue will
+                logger.warning("sync job %s not handed back (%s); it waits for a rescue",
+                               job.id, one_line(again))
             return
         if recorded is not None:
             out, latencies = recorded
