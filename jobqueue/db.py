@@ -49,6 +49,21 @@ def normalize_url(raw: str) -> str:
     return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
+def sync_url(url: str) -> str:
+    """The same database for psycopg 3, the driver of sync handlers' threads
+    (`worker/threads.py`). libpq reads `?host=/folder` (a unix socket folder,
+    as the embedded server uses), several `host`s and `target_session_attrs`
+    as asyncpg does; asyncpg's `ssl=` is libpq's `sslmode=`."""
+    parsed = make_url(normalize_url(url))
+    query = dict(parsed.query)
+    if "ssl" in query:
+        ssl = query.pop("ssl")
+        query.setdefault("sslmode", {"true": "require", "false": "disable"}.get(
+            str(ssl).lower(), ssl))
+    return parsed.set(drivername="postgresql+psycopg", query=query).render_as_string(
+        hide_password=False)
+
+
 def asyncpg_connect_args(url: str) -> dict[str, Any]:
     """asyncpg.connect() keyword arguments for a SQLAlchemy URL."""
     parsed: URL = make_url(url)

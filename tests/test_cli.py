@@ -68,6 +68,7 @@ async def test_run_at_schedules_the_job(db_url: str, conn: asyncpg.Connection) -
         (["worker", "--import", "tests.bad_schedule"],
          "ValueError: cron expression '61 * * * *' is not valid: bad minute"),
         (["worker", "--concurrency", "0", "--burst"], "concurrency"),
+        (["worker", "--threads", "0", "--burst"], "threads must be a whole number, 1 or more"),
         (["worker", "--summary-interval", "-1", "--burst"], "summary interval"),
         (["worker", "--summary-interval", "inf", "--burst"], "summary interval"),
         (["enqueue", "t", "--queue", "no spaces"], "not a valid name"),

@@ -2,7 +2,8 @@
 
 Each does a known amount of work so that a measurement says what it measures:
 nothing at all, a fixed sleep (I/O), or one row written through the handler's
-session (database work that commits with the job).
+session (database work that commits with the job). The same as plain `def`
+handlers, run in threads, are in `jobqueue.benchmarks.sync_handlers`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from jobqueue.registry import handlers
 #: The table `write_row` fills; created by `create_tables`.
 BENCH_TABLE = """CREATE TABLE IF NOT EXISTS bench_rows (
     job_id uuid NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())"""
+
+#: What `write_row` does, as a statement.
+INSERT_ROW = "INSERT INTO bench_rows (job_id) VALUES (:id)"
 
 
 async def create_tables(conn: Any) -> None:
@@ -37,5 +41,4 @@ async def sleep(session: AsyncSession, payload: dict[str, Any]) -> None:
 
 @handlers.register("write_row")
 async def write_row(session: AsyncSession, payload: dict[str, Any]) -> None:
-    await session.execute(text("INSERT INTO bench_rows (job_id) VALUES (:id)"),
-                          {"id": current_job().id})
+    await session.execute(text(INSERT_ROW), {"id": current_job().id})

@@ -250,6 +250,28 @@ def work_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([head, _drain_columns(s)], axis=1)
 
 
+_SYNC = ["setup_order", "work", "kind", "handler"]
+
+
+def sync_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per handler of the sync comparison, in the order they ran
+    (`scenarios.sync_series`): `drain_summary`'s figures, and the worker's
+    label and threads."""
+    s = drain_summary(df, _SYNC)
+    g = counted(df).groupby(_SYNC, sort=True)
+    extra = pd.DataFrame({"settings": g["settings"].first(),
+                          "threads": g["threads"].first()}).reset_index()
+    return s.merge(extra, on=_SYNC)
+
+
+def sync_table(df: pd.DataFrame) -> pd.DataFrame:
+    """A row per handler: its work, async or sync, jobs/s and the drains."""
+    s = sync_summary(df)
+    head = pd.DataFrame({"work": s["work"], "handler": s["kind"] + " (`" + s["handler"] + "`)"})
+    cols = _drain_columns(s).drop(columns=["workers used", "last joined (s)"])
+    return pd.concat([head, cols], axis=1)
+
+
 # -- queues and priorities --------------------------------------------------------
 
 _ROUTING = ["setup_order", "setup"]

@@ -79,7 +79,46 @@ def _throughput(results: Path) -> str:
                   *work_findings(wdf, df)]
     if (results / "throughput_routing.csv").exists():
         lines += _routing(results)
+    if (results / "throughput_sync.csv").exists():
+        lines += _sync(results)
     return "\n".join(lines)
+
+
+def _sync(results: Path) -> list[str]:
+    sdf, _ = load("throughput_sync", results)
+    return ["", "### Sync handlers beside async ones", "",
+            "The same work done by an async handler and by a sync (plain `def`) one, which "
+            "the worker runs in threads, each drained by one worker process at the CLI's "
+            "defaults.", "",
+            plots.markdown(plots.sync_table(sdf)), "", *sync_findings(sdf)]
+
+
+def sync_findings(sdf: pd.DataFrame) -> list[str]:
+    """The sentences under the sync comparison, computed from its medians:
+    each work's sync drain against its async one, and what the work adds to
+    a sync job."""
+    s = plots.sync_summary(sdf).set_index(["work", "kind"])
+    lines = []
+    for work in dict.fromkeys(s.index.get_level_values("work")):
+        if (work, "async") not in s.index or (work, "sync") not in s.index:
+            continue
+        a, y = s.loc[(work, "async")], s.loc[(work, "sync")]
+        cost = (1 / y["median"] - 1 / a["median"]) * 1e6
+        lines.append(
+            f"`{y['handler']}` ({work}, sync) drains {y['median']:,.0f} jobs/s "
+            f"({y['min']:,.0f}–{y['max']:,.0f}) in {int(y['threads'])} threads, "
+            f"`{a['handler']}` (async) {a['median']:,.0f} {_worker(a['settings'])}: "
+            f"{a['median'] / y['median']:,.1f}× fewer, {cost:,.0f} µs more per job.")
+    if ("no-op", "sync") in s.index and ("one INSERT", "sync") in s.index:
+        bare, row = s.loc[("no-op", "sync"), "median"], s.loc[("one INSERT", "sync"), "median"]
+        lines.append(
+            f"The INSERT adds {(1 / row - 1 / bare) * 1e6:,.0f} µs to a sync job "
+            f"({bare:,.0f} against {row:,.0f} jobs/s): a sync job's cost is its two commits "
+            "(the claim, then its writes with its outcome), a thread hand-off and a sync "
+            "session of its own, where async jobs in a quick batch share one commit among "
+            "hundreds. Sync handlers are for code that blocks; work that can await is "
+            "cheaper as an async handler.")
+    return lines
 
 
 def _routing(results: Path) -> list[str]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -69,12 +70,17 @@ logger = logging.getLogger(__name__)
 LAB_DATABASE_PREFIX = "jobqueue_bench_"
 #: Each benchmark handler's payload (`process_payment`'s differs per job: `payments`).
 HANDLERS: dict[str, dict[str, Any]] = {"noop": {}, "write_row": {},
-                                       "sleep_10ms": {"seconds": 0.01}, "process_payment": {}}
+                                       "sleep_10ms": {"seconds": 0.01}, "process_payment": {},
+                                       "noop_sync": {}, "write_row_sync": {}}
 #: The module that registers each handler, for the worker's `--import`.
 HANDLER_MODULES = {"noop": "jobqueue.benchmarks.handlers",
                    "write_row": "jobqueue.benchmarks.handlers",
                    "sleep_10ms": "jobqueue.benchmarks.handlers",
-                   "process_payment": "jobqueue.lab.examples"}
+                   "process_payment": "jobqueue.lab.examples",
+                   "noop_sync": "jobqueue.benchmarks.sync_handlers",
+                   "write_row_sync": "jobqueue.benchmarks.sync_handlers"}
+#: The handlers that write one row each (`bench_rows`).
+ROW_WRITERS = ("write_row", "write_row_sync")
 QUANTILES = (0.5, 0.95, 0.99, 0.999)
 #: The start of every open-loop run left out of its percentiles: the worker's
 #: first jobs pay for cold connections and caches (the first job of a run at
@@ -174,12 +180,12 @@ _WRITES = """
 
 async def check_writes(conn: asyncpg.Connection, handler: str, n: int, system: str) -> None:
     """RuntimeError unless the n jobs of a drain wrote exactly their rows:
-    `write_row`, n rows for n distinct jobs; `process_payment`, n payments
+    `write_row` and `write_row_sync`, n rows for n distinct jobs; `process_payment`, n payments
     (their ids are the primary key, so a job run twice cannot add one), the
     balances summing to what was paid, each user's to its own payments;
     any other handler, nothing."""
     got = await conn.fetchrow(_WRITES)
-    rows = n if handler == "write_row" else 0
+    rows = n if handler in ROW_WRITERS else 0
     paid = sum((Decimal(p["amount"]) for p in payments(n)), Decimal(0)) if (
         handler == "process_payment") else Decimal(0)
     expected = {"rows": rows, "row_jobs": rows,
@@ -707,24 +713,43 @@ async def drain_matrix(url: str, *, n: int | dict[int, int], batch_sizes: Sequen
         for batch_size in batch_sizes:
             for count in workers:
                 for mode in modes:
-                    size = (sized_n(rates[batch_size], seconds, most=max_n)
-                            if batch_size in rates else
-                            n[batch_size] if isinstance(n, dict) else n)
-                    run, sizing = 1, 0
-                    while run <= repeat:
-                        row = await drain(url, n=size, batch_size=batch_size, workers=count,
-                                          shared=mode == "shared", handler=handler)
-                        short = (row["seconds"] < min_seconds and size < max_n
-                                 and sizing < _MAX_SIZING_RUNS)
-                        sizing += short
-                        rows.append({**row, "run": run if not short else 0,
-                                     "counted": not short})
-                        rates[batch_size] = row["jobs_per_sec"]
-                        size = sized_n(row["jobs_per_sec"], seconds, most=max_n)
-                        if not short:
-                            run += 1
-                            bar.update()
+                    sizer = Sizer(sized_n(rates[batch_size], seconds, most=max_n)
+                                  if batch_size in rates else
+                                  n[batch_size] if isinstance(n, dict) else n,
+                                  seconds=seconds, min_seconds=min_seconds, max_n=max_n)
+                    for run in range(1, repeat + 1):
+                        rows += await sizer.counted(run, functools.partial(
+                            drain, url, batch_size=batch_size, workers=count,
+                            shared=mode == "shared", handler=handler))
+                        rates[batch_size] = rows[-1]["jobs_per_sec"]
+                        bar.update()
     return rows
+
+
+class Sizer:
+    """Sizes the drains of one setting to last about `seconds`: the first
+    drains `size` jobs, every next one as many as the last rate drains in
+    `seconds`. A drain shorter than `min_seconds` is kept in the rows with
+    `counted` False (a sizing run) and run again, bigger, unless it already
+    drained `max_n` jobs or the setting has had _MAX_SIZING_RUNS of them."""
+
+    def __init__(self, size: int, *, seconds: float, min_seconds: float, max_n: int) -> None:
+        self.size, self.seconds, self.min_seconds, self.max_n = size, seconds, min_seconds, max_n
+        self.sizing = 0
+
+    async def counted(self, run: int, drain_n: Callable[..., Awaitable[dict[str, Any]]]
+                      ) -> list[dict[str, Any]]:
+        """Drains by `drain_n(n=…)` until one counts (number `run`): the rows."""
+        rows = []
+        while True:
+            row = await drain_n(n=self.size)
+            short = (row["seconds"] < self.min_seconds and self.size < self.max_n
+                     and self.sizing < _MAX_SIZING_RUNS)
+            self.sizing += short
+            rows.append({**row, "run": 0 if short else run, "counted": not short})
+            self.size = sized_n(row["jobs_per_sec"], self.seconds, most=self.max_n)
+            if not short:
+                return rows
 
 
 async def course_drains(url: str, *, n: int, repeat: int) -> list[dict[str, Any]]:
@@ -939,3 +964,39 @@ async def routing_series(url: str, *, n: int, queues: int, repeat: int,
                 spans += [{"setup": setup["setup"], "run": run, **s} for s in span]
                 bar.update()
     return rows, spans
+
+
+# -- sync handlers beside async ones ------------------------------------------------
+
+#: The drains of the sync-handler comparison, in the order a round runs them:
+#: (handler, its kind, what it does). The same work as an async handler and
+#: as a sync one (`jobqueue.benchmarks.sync_handlers`), run in threads.
+SYNC_SETUPS = (("noop", "async", "no-op"), ("noop_sync", "sync", "no-op"),
+               ("write_row", "async", "one INSERT"), ("write_row_sync", "sync", "one INSERT"))
+
+
+async def sync_series(url: str, *, n: int | dict[str, int], repeat: int, seconds: float,
+                      min_seconds: float = MIN_DRAIN_SECONDS, max_n: int = MAX_SIZED_N,
+                      flags: Sequence[str] = (),
+                      setups: Sequence[tuple[str, str, str]] = SYNC_SETUPS
+                      ) -> list[dict[str, Any]]:
+    """Each of `setups` (`SYNC_SETUPS`) drained by one worker as `cli_drain` runs
+    it (the CLI's defaults unless `flags`), in `repeat` rounds (a round
+    drains every handler once, so a slow spell of the machine hits all of
+    them); each handler's drains sized by a `Sizer` of its own, starting at
+    `n` (or `n[handler]`). The rows, with the handler's kind and work and the
+    worker's `threads` (how many sync handlers it runs at once)."""
+    sizers = {handler: Sizer(n[handler] if isinstance(n, dict) else n, seconds=seconds,
+                             min_seconds=min_seconds, max_n=max_n)
+              for handler, _, _ in setups}
+    rows = []
+    with progress(len(setups) * repeat, "sync handlers") as bar:
+        for run in range(1, repeat + 1):
+            for order, (handler, kind, work) in enumerate(setups):
+                threads = worker_options(worker_argv(handler, *flags)).threads
+                drained = await sizers[handler].counted(run, functools.partial(
+                    cli_drain, url, handler=handler, flags=flags, memory=False))
+                rows += [{"setup_order": order, "kind": kind, "work": work,
+                          "threads": threads, **row} for row in drained]
+                bar.update()
+    return rows

@@ -27,7 +27,12 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from jobqueue import db
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.ops.logs import FORMATS, configure_logging
-from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, SAVEPOINT_MODES
+from jobqueue.worker import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_THREADS,
+    SAVEPOINT_MODES,
+)
 
 logger = logging.getLogger("jobqueue.cli")
 
@@ -191,6 +196,7 @@ def _work(args: argparse.Namespace, stopped: list[int]) -> int:
             grace_period=args.grace_period,
             burst=args.burst,
             summary_interval=args.summary_interval,
+            threads=args.threads,
             retry_policy=RetryPolicy(base=args.backoff_base, cap=args.backoff_cap,
                                      jitter=args.backoff_jitter),
         )
@@ -485,6 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: every queue")
     s.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                    help="most jobs one lane takes and commits at once")
+    s.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
+                   help="sync (plain def) handlers running at once, each in a thread with a "
+                        f"connection of its own (default {DEFAULT_THREADS})")
     s.add_argument("--quick-batch", type=float, default=0.05, metavar="SECONDS",
                    help="jobs faster than this run in one-transaction batches of about this "
                         "length (never shown processing); slower ones are claimed one at a "

@@ -7,7 +7,8 @@ claimed, each with its own hand-back rule) from the queues it serves, in
 turn (`book`: which queues have waiting jobs, which are paused or
 limited); `handler` is what a handler sees
 (its session and the hooks behind it, `current_job()`, `Snooze`);
-`interrupt` stops one running handler (its timeout, a cancel); `upkeep` keeps the
+`interrupt` stops one running handler (its timeout, a cancel); `threads` runs
+sync (plain `def`) handlers in a bounded pool of threads; `upkeep` keeps the
 worker alive and the queue clean (heartbeat and fencing, rescue and
 pruning); `stats` counts. Every part is given a `WorkerConfig` (`config`)
 and the few things it needs, never the runner.
@@ -17,6 +18,7 @@ from jobqueue.schema.locks import ACTIVE_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.worker.config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
+    DEFAULT_THREADS,
     SAVEPOINT_MODES,
     WorkerConfig,
 )
@@ -27,6 +29,7 @@ __all__ = [
     "ACTIVE_KEY",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_CONCURRENCY",
+    "DEFAULT_THREADS",
     "LOCK_CLASS",
     "SAVEPOINT_MODES",
     "WORKER_LOCK_CLASS",

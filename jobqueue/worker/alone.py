@@ -67,14 +67,21 @@ class AloneGate:
     async def batch(self) -> AsyncIterator[None]:
         """Around a lane's ordinary batch: waits while a soloist runs."""
         await self._open.wait()
-        self._busy += 1
-        self._idle.clear()
+        self.enter()
         try:
             yield
         finally:
-            self._busy -= 1
-            if not self._busy:
-                self._idle.set()
+            self.leave()
+
+    def enter(self) -> None:
+        """Something runs that a soloist must wait for (a batch, a sync job)."""
+        self._busy += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self._busy -= 1
+        if not self._busy:
+            self._idle.set()
 
     @contextlib.asynccontextmanager
     async def alone(self, lane: int) -> AsyncIterator[bool]:

@@ -21,6 +21,10 @@ DEFAULT_BATCH_SIZE = 1000
 #: and one-row jobs alike drain faster with two lanes than with one).
 DEFAULT_CONCURRENCY = 2
 SAVEPOINT_MODES = ("auto", "always")
+#: Sync handlers running at once unless told otherwise: enough to overlap a
+#: few blocking calls (HTTP, S3) without holding many connections; each
+#: thread has a connection of its own while it runs a job.
+DEFAULT_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,10 @@ class WorkerConfig:
         did (counts, rate, latency percentiles); 0: none. Each job's own line
         is at DEBUG (a line per job would cost a fast worker half its speed);
         failures are WARNINGs, always.
+    threads: sync (plain `def`) handlers running at once, each in a thread
+        of the worker's pool with a database connection of its own (opened
+        when first needed; none at all without sync handlers). Their jobs are
+        claimed by a lane of their own, as many at a time as threads are free.
     queues: which queues to serve, and how. Empty (the default): every
         queue; the `concurrency` lanes take turns among the queues that have
         waiting jobs, a batch from each in turn, so a flood in one queue
@@ -82,6 +90,7 @@ class WorkerConfig:
     keep_completed: float = 7 * DAY
     keep_failed: float = 30 * DAY
     summary_interval: float = 10.0
+    threads: int = DEFAULT_THREADS
     queues: tuple[tuple[str, int | None], ...] = ()
 
     def __post_init__(self) -> None:
@@ -107,6 +116,9 @@ class WorkerConfig:
             raise ValueError("retention must not be negative")
         if not 0 <= self.summary_interval < math.inf:
             raise ValueError("summary interval must be a finite number of seconds, 0 or more")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) \
+                or self.threads < 1:
+            raise ValueError(f"threads must be a whole number, 1 or more, not {self.threads!r}")
 
     @property
     def served(self) -> tuple[str, ...] | None:

@@ -277,8 +277,7 @@ class Lane:
                 queue = queues[(self.turn + step) % len(queues)]
                 if book.paused(queue):
                     continue
-                batch: BatchKind = (LIMITED if book.limited(queue)
-                                    else TAKEN if take else CLAIMED)
+                batch = self.batch_kind(queue, take)
                 started = await batch.start(raw, limit, self.worker_id, queue,
                                             self.life.job_types)
                 if started is not None:
@@ -318,14 +317,24 @@ class Lane:
                 if not soloist:
                     return ran  # another lane is at it; this one waits at the gate
                 for queue in due:
-                    started = await ALONE.start(raw, 1, self.worker_id, queue, life.job_types)
+                    kind = self.alone_kind()
+                    started = await kind.start(raw, 1, self.worker_id, queue, life.job_types)
                     if started is not None:
-                        await self._run_held(conn, session, started, ALONE)
+                        await self._run_held(conn, session, started, kind)
                         ran = True
                         break
                 else:
                     return ran  # due, but not ours to take now (a limit, another worker)
         return ran
+
+    def batch_kind(self, queue: str, take: bool) -> BatchKind:
+        """How a batch from `queue` holds its jobs: claimed one claimer at a
+        time if the queue is limited, else taken or claimed as planned."""
+        return LIMITED if self.life.book.limited(queue) else TAKEN if take else CLAIMED
+
+    def alone_kind(self) -> BatchKind:
+        """How this lane claims a job that must run alone."""
+        return ALONE
 
     def _full(self, taken: bool, started: float, savepoints: int, job: ClaimedJob) -> bool:
         """Must the batch stop before `job`? A quick batch that outruns

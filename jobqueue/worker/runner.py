@@ -18,7 +18,9 @@ A worker's life, top-down:
    the lanes (`lane.py`: `concurrency` of them, or as many as `queues`
    asks for), each given the config, a `Life` and the queues it serves. A
    worker takes only jobs of the types it has handlers for; it says which
-   (and which queues) in its `jobqueue_workers` row.
+   (and which queues) in its `jobqueue_workers` row. Sync (plain `def`)
+   handlers' jobs are claimed by a lane of their own and run in threads
+   (`threads.py`); the other lanes never see them.
 4. **Stop or start over.** SIGTERM: stop claiming, let running handlers finish
    within the grace period, hand back what did not start; a second signal or
    the end of the grace period abandons running handlers (their transactions
@@ -42,6 +44,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
+from sqlalchemy import Engine as SyncEngine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import db
@@ -63,6 +66,7 @@ from jobqueue.worker.handler import lane_engine
 from jobqueue.worker.interrupt import CANCELLED
 from jobqueue.worker.lane import Lane, Life
 from jobqueue.worker.stats import WorkerStats
+from jobqueue.worker.threads import ThreadLane, ThreadPool, sync_life, thread_engine
 from jobqueue.worker.upkeep import Fenced, Heartbeat, Leader, rescue
 
 logger = logging.getLogger("jobqueue.worker")
@@ -82,7 +86,7 @@ class JobRunner:
     config: a `WorkerConfig`, or its fields as keyword arguments (`settings`):
         concurrency, batch_size, quick_batch, savepoints, shared, lease,
         poll_interval, grace_period, retry_policy, burst, keep_completed,
-        keep_failed, summary_interval (see `WorkerConfig` for each).
+        keep_failed, summary_interval, threads (see `WorkerConfig` for each).
     install_signal_handlers: SIGTERM and SIGINT call `stop()` while `run()` runs.
     """
 
@@ -115,6 +119,8 @@ class JobRunner:
         self.book = QueueBook(self.config.poll_interval)
         #: The job types it claims: those with handlers when its life began.
         self.job_types: list[str] = []
+        #: Where sync (plain `def`) handlers run, for the runner's whole life.
+        self.threads = ThreadPool(self.config.threads)
         #: The monitor connection serves one statement at a time: the leader's
         #: chores and the runner's hand-backs take turns.
         self.monitor_lock = asyncio.Lock()
@@ -192,6 +198,7 @@ class JobRunner:
                         self._active.clear()
             return self._finish()
         finally:
+            self.threads.close()
             restore()
 
     async def _live(self, url: str) -> None:
@@ -237,9 +244,16 @@ class JobRunner:
                 if not await self._contest(control, guards):
                     return
                 await self._activate(control)
-                engine = lane_engine(url, len(config.lane_queues), self._app_name("lane"))
+                sync_types = [t for t in self.job_types if self.registry.is_sync(t)]
+                engine = lane_engine(url, len(config.lane_queues) + bool(sync_types),
+                                     self._app_name("lane"))
                 stack.push_async_callback(engine.dispose)
-                await self._work(engine, guards)
+                sync_engine = None
+                if sync_types:
+                    sync_engine = thread_engine(url, config.threads,
+                                                self._app_name("lane-thread"))
+                    stack.push_async_callback(asyncio.to_thread, sync_engine.dispose)
+                await self._work(engine, guards, sync_types, sync_engine)
             except Exception as exc:
                 # A connection cut under a query can surface as a protocol error
                 # ("another operation is in progress") before asyncpg notices the
@@ -324,16 +338,24 @@ class JobRunner:
                            extra={"event": "jobs_rescued", "worker_id": self.worker_id,
                                   "jobs": rescued})
 
-    async def _work(self, engine: AsyncEngine, guards: Sequence[asyncio.Future[Any]]) -> None:
-        """Run the lanes until they finish (burst), a stop, or a guard trips."""
+    async def _work(self, engine: AsyncEngine, guards: Sequence[asyncio.Future[Any]],
+                    sync_types: list[str], sync_engine: SyncEngine | None) -> None:
+        """Run the lanes until they finish (burst), a stop, or a guard trips.
+        The lanes take the async job types; the sync ones (plain `def`
+        handlers) have a lane of their own that runs them in threads."""
+        async_types = [t for t in self.job_types if t not in sync_types]
         life = Life(worker_id=self.worker_id, registry=self.registry, stats=self.stats,
                     isolated_types=self.isolated_types, wake=self.wake,
                     stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back,
                     cancel_statement=self.cancel_statement, record_batch=self.record_batch,
-                    alone=self.alone,
-                    book=self.book, job_types=self.job_types)
-        lanes = self._lanes = [Lane(self.config, life, engine, n, serves)
-                                for n, serves in enumerate(self.config.lane_queues)]
+                    alone=self.alone, book=self.book, job_types=async_types)
+        lanes = [Lane(self.config, life, engine, n, serves)
+                 for n, serves in enumerate(self.config.lane_queues)
+                 if async_types or not sync_types]
+        if sync_engine is not None:
+            lanes.append(ThreadLane(self.config, sync_life(life, sync_types), engine,
+                                    len(lanes), self.threads, sync_engine))
+        self._lanes = lanes
         tasks = [asyncio.create_task(lane.run()) for lane in lanes]
         all_lanes: asyncio.Future[list[None]] = asyncio.gather(*tasks)
         summaries = asyncio.create_task(self._log_summaries())

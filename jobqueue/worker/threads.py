@@ -1,0 +1,607 @@
+"""Sync handlers: plain `def` handlers, run in threads, off the event loop.
+
+Most code people move onto a queue blocks (requests, boto3, an ORM without
+async). Run on the event loop, a blocking call would stall every lane and,
+past the lease, the heartbeat too (`upkeep.py`): the worker would be fenced.
+So a sync handler runs in a thread of a bounded pool (`ThreadPool`, `threads`
+of them), with a sync `Session` on a psycopg 3 connection of its own, in a
+transaction that also records the job's outcome:
+
+1. **Claimed first.** A lane of its own (`ThreadLane`, a `Lane` that serves
+   only the sync job types) claims as many due sync jobs as threads are free,
+   with the same `claim` (or `claim_limited`) statement and turn among the
+   queues as every lane, and commits the claim: the jobs show `processing`
+   with this worker's id. They are never taken in a quick batch: a job locked
+   by a lane's batch transaction could not be completed from another
+   connection (it would wait for the row lock), and the other lanes never
+   see sync types at all (the runner gives them the async types only).
+2. **Run and recorded in one transaction, in the thread.** The handler's
+   session joins a transaction on the thread's connection; when it returns,
+   `complete` runs in that same transaction and one commit makes its writes
+   and the job's completion durable together. When it raises, the
+   transaction rolls back (its writes are gone) and `fail` records the
+   attempt in a new one, with the worker's retry policy. The lane records
+   nothing for these jobs: the thread did.
+
+A sync job costs two commits (the claim and the outcome), where a job of a
+quick batch shares one commit with its batch-mates; see the throughput
+notebook for what that means in jobs per second.
+
+**Stopping.** SIGTERM: no new claims; running sync handlers get the grace
+period to finish and record their outcome. Abandoned (a second signal, the
+grace period over, a lost connection, a fencing): each running job's
+connection is cut under it (its socket shut down here, its backend
+terminated by the runner's `terminate_lanes`), so its transaction rolls
+back, and nothing the thread does after that is recorded; the job goes back
+to the queue (`hand_back`, or a rescue), no attempt counted.
+
+**A thread cannot be killed.** `ThreadPool.interrupt(job_id, reason)` makes
+the handler's next statement raise `Interrupted` and cancels a statement
+already running (psycopg's `cancel_safe`), and the attempt fails with
+`reason` whatever the handler does next; but Python code that never calls
+the database again (a `time.sleep`, a socket read without a timeout) runs
+on until it returns by itself. A sync handler that never returns holds its
+thread, and its place in the pool, for the rest of the process: the pool
+has one thread fewer, its job stays `processing` until the worker stops or
+is cut off (then it goes back to the queue like any abandoned job), and the
+threads are daemons, so a stopping worker exits without waiting for it.
+Give blocking calls their own timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import inspect
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+
+from jobqueue import db
+from jobqueue.errors import is_connection_error, one_line
+from jobqueue.registry import SyncJobHandler
+from jobqueue.schema.queries import queries
+from jobqueue.worker.batch import (
+    SNOOZED,
+    Alone,
+    BatchKind,
+    Claimed,
+    Decided,
+    Limited,
+    LostOwnership,
+    Outcomes,
+    Started,
+)
+from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.handler import (
+    IN_HANDLER,
+    ClaimedJob,
+    HandlerCommitError,
+    HandlerError,
+    Snooze,
+    SwallowedDatabaseError,
+    _current_job,
+    encode_result,
+    error_text,
+    refuse_handler_commit,
+)
+from jobqueue.worker.interrupt import CANCELLED, timed_out
+from jobqueue.worker.lane import Lane, Life, Plan
+
+logger = logging.getLogger("jobqueue.worker")
+
+#: Key in a thread connection's `info`: the `SyncRun` it is running.
+RUN = "jobqueue_sync_run"
+
+
+class Interrupted(Exception):
+    """A running sync job was interrupted (`ThreadPool.interrupt`)."""
+
+
+@dataclass
+class SyncRun:
+    """One sync job in its thread, and what the event loop may tell it.
+    Plain attributes, each written by one side and read by the other."""
+
+    job: ClaimedJob
+    #: Set by `interrupt`: the attempt fails with this, whatever the handler does.
+    reason: str | None = None
+    #: Set when the job is abandoned: record nothing, whatever happens next.
+    cut: bool = False
+    #: The psycopg connection while the job has one (to cancel or cut it).
+    driver: Any = None
+    #: The handler is running: its statements may be interrupted.
+    in_handler: bool = False
+    #: Its transaction is open: the handler sent a statement (`_before_statement`).
+    began: bool = False
+    #: A statement of the handler failed and no savepoint of its own undid it.
+    db_error: bool = False
+
+
+class ThreadPool:
+    """At most `size` daemon threads running sync jobs, for the runner's
+    whole life (a thread that outlives a life of the worker still counts:
+    the bound is on threads, not on claims). Used from the event loop only;
+    the threads answer through `call_soon_threadsafe`."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        #: Running jobs by id (across lives, until their thread returns).
+        self.running: dict[uuid.UUID, SyncRun] = {}
+        #: Threads busy with a job. More than `running` holds when a stuck
+        #: thread's job was given back and runs again here meanwhile.
+        self.busy = 0
+        self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._freed: asyncio.Event | None = None
+
+    @property
+    def free(self) -> int:
+        return self.size - self.busy
+
+    async def wait_free(self, stop: asyncio.Event) -> None:
+        """Until a thread is free, or `stop` is set."""
+        while not self.free and not stop.is_set():
+            freed = self._freed = self._freed or asyncio.Event()
+            freed.clear()
+            waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(freed.wait())}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+
+    def submit(self, run: SyncRun, fn: Callable[[SyncRun], Any]) -> asyncio.Future[Any]:
+        """Run `fn(run)` in a thread, in a copy of the caller's context (so
+        context variables, `current_job()` among them, reach the handler);
+        the future resolves when it returns. Never more than `size` at once:
+        the caller checks `free` first."""
+        if not self.free:
+            raise RuntimeError("no free thread")  # the caller's bug, never the user's
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        self.running[run.job.id] = run
+        self.busy += 1
+        if len(self._threads) < self.busy:
+            thread = threading.Thread(target=self._serve, daemon=True,
+                                      name=f"jobqueue-sync-{len(self._threads) + 1}")
+            self._threads.append(thread)
+            thread.start()
+        self._work.put((contextvars.copy_context(), fn, run, loop, done))
+        return done
+
+    def _serve(self) -> None:
+        """A thread's life: run what comes, until told to stop (None)."""
+        while (item := self._work.get()) is not None:
+            context, fn, run, loop, done = item
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = context.run(fn, run)
+            except BaseException as exc:  # handed to the loop, which decides
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._finished, run, done, result, error)
+
+    def _finished(self, run: SyncRun, done: asyncio.Future[Any], result: Any,
+                  error: BaseException | None) -> None:
+        self.busy -= 1
+        if self.running.get(run.job.id) is run:
+            del self.running[run.job.id]
+        if self._freed is not None:
+            self._freed.set()
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    async def interrupt(self, job_id: uuid.UUID, reason: str) -> bool:
+        """Stop a running sync job as soon as it lets us: its next statement
+        raises `Interrupted`, a statement it is running is cancelled, and its
+        attempt fails with `reason` (retried like any failure) even if the
+        handler carries on. False: no such job runs here. Python code that
+        never touches the database again cannot be stopped (module doc)."""
+        run = self.running.get(job_id)
+        if run is None:
+            return False
+        run.reason = reason
+        driver = run.driver
+        if driver is not None and run.in_handler:
+            # A cancel request is a connection of its own: off the event loop.
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(driver.cancel_safe)
+        return True
+
+    def close(self) -> None:
+        """Let the idle threads end (a busy one ends when its job returns)."""
+        for _ in self._threads:
+            self._work.put(None)
+        self._threads = []
+
+
+def sever(run: SyncRun) -> None:
+    """Abandon a running job: record nothing of it, and shut its connection's
+    socket down under whatever it is doing, so the server rolls its
+    transaction back. (Closing a psycopg connection that another thread is
+    using is not safe; shutting the socket down is, and the thread's next
+    read or write fails.) A backend busy in a long statement notices only
+    when that ends: the runner also terminates it (`terminate_lanes`)."""
+    run.cut = True
+    driver = run.driver
+    if driver is None:
+        return
+    with contextlib.suppress(Exception):
+        with socket.socket(fileno=os.dup(driver.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class HandlerSession(Session):
+    """The session a sync handler gets: its commit is refused, as an async
+    handler's is (its writes commit with the job's completion)."""
+
+
+event.listen(HandlerSession, "before_commit", refuse_handler_commit)
+
+
+def thread_engine(url: str, threads: int, application_name: str) -> Engine:
+    """The engine the threads draw their connections from: psycopg 3, one
+    connection per thread (opened when first needed), named like the
+    lanes' connections so that `terminate_lanes` and fencing reach them.
+
+    In autocommit mode, as the lanes' are: SQLAlchemy sends no BEGIN of its
+    own, and the job's transaction begins just before the handler's first
+    statement (`_before_statement`). A handler that never touches the
+    database (an HTTP call, an S3 upload) costs one round trip to record:
+    `complete` alone, which commits as it runs; a handler that writes pays
+    BEGIN and COMMIT around its statements and the `complete` after them."""
+    engine = create_engine(db.sync_url(url), pool_size=threads, max_overflow=0,
+                           pool_pre_ping=False, isolation_level="AUTOCOMMIT",
+                           connect_args={"application_name": application_name})
+    event.listen(engine, "before_cursor_execute", _before_statement)
+    event.listen(engine, "rollback", _rolled_back)
+    event.listen(engine, "commit", _refuse_commit)
+    event.listen(engine, "handle_error", _note_error)
+    event.listen(engine, "rollback_savepoint", _recovered)
+    return engine
+
+
+def _run_of(conn: Any) -> SyncRun | None:
+    run = conn.info.get(RUN)
+    return run if run is not None and run.in_handler else None
+
+
+def _before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
+                      context: Any, executemany: bool) -> None:
+    """A handler's statement: interrupted, or into the job's transaction
+    (begun here, on the driver, before its first one)."""
+    run = _run_of(conn)
+    if run is None:
+        return
+    if run.reason is not None:
+        raise Interrupted(run.reason)
+    if not run.began:
+        run.driver.execute("BEGIN")
+        run.began = True
+
+
+def _rolled_back(conn: Any) -> None:
+    """The handler's session rolled back: its transaction is gone (the driver
+    sends the ROLLBACK), and its next statement begins a new one."""
+    if (run := _run_of(conn)) is not None:
+        run.began = False
+
+
+def _refuse_commit(conn: Any) -> None:
+    """The handler committed its connection itself (`session.connection()
+    .commit()`): refused before it reaches the server, or writes committed
+    before a later failure would be written again by the retry."""
+    if _run_of(conn) is not None:
+        raise HandlerCommitError(
+            "handlers must not commit: their writes commit with the job's completion")
+
+
+def _note_error(context: Any) -> None:
+    if context.connection is not None and (run := _run_of(context.connection)) is not None:
+        run.db_error = True
+
+
+def _recovered(conn: Any, name: str, context: Any) -> None:
+    """Rolled back to a savepoint of its own: the error inside it is undone."""
+    if (run := _run_of(conn)) is not None:
+        run.db_error = False
+
+
+def _roll_back(conn: Connection, run: SyncRun) -> None:
+    """Undo the job's transaction, if one is open (on the driver, which SQLAlchemy
+    in autocommit mode leaves alone), and SQLAlchemy's own bookkeeping."""
+    run.began = False
+    with contextlib.suppress(Exception):
+        run.driver.rollback()
+    with contextlib.suppress(Exception):
+        conn.rollback()
+
+
+def _record(conn: Connection, run: SyncRun, out: Outcomes, worker_id: int) -> list[float]:
+    """Write one job's outcome and make it durable: in the job's transaction
+    after the handler's writes, then COMMIT, so that both commit together;
+    alone (it commits as it runs) when the handler wrote nothing.
+    LostOwnership when the job is no longer this worker's (it was declared
+    hung and another worker took it): nothing commits."""
+    if out.done_ids:
+        rows = conn.execute(queries["complete"].text, {
+            "ids": out.done_ids, "results": out.results, "worker_id": worker_id,
+            "taken": False}).all()
+    elif out.snoozed_ids:
+        rows = conn.execute(queries["snooze"].text, {
+            "ids": out.snoozed_ids, "delays": out.snoozes, "worker_id": worker_id,
+            "taken": False}).all()
+    else:
+        rows = conn.execute(queries["fail"].text, {
+            "ids": out.failed_ids, "errors": out.errors, "delays": out.delays,
+            "retry": out.retry, "worker_id": worker_id, "taken": False}).all()
+    if len(rows) != 1:
+        raise LostOwnership
+    if run.began:
+        run.driver.commit()
+        run.began = False
+    conn.rollback()  # SQLAlchemy's transaction, which sent nothing
+    return [float(row[0]) for row in rows] if out.done_ids else []
+
+
+class _ClaimOnly(Claimed):
+    """Claimed, and no batch transaction after the claim: each job runs in a
+    transaction of its own, in its thread."""
+
+    async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
+                    job_types: list[str]) -> Started | None:
+        rows = await self._claim(raw, limit=limit, worker_id=worker_id, queue=queue,
+                                 job_types=job_types)
+        return Started(None, list(map(ClaimedJob._make, rows))) if rows else None
+
+
+class _LimitedClaimOnly(_ClaimOnly, Limited):
+    """`_ClaimOnly` for a paused or limited queue (`Limited`'s admission)."""
+
+
+class _AloneClaimOnly(_ClaimOnly, Alone):
+    """`_ClaimOnly` for a job that must run alone (`Alone`'s admission)."""
+
+
+CLAIM_ONLY, LIMITED_CLAIM_ONLY, ALONE_CLAIM_ONLY = (
+    _ClaimOnly(), _LimitedClaimOnly(), _AloneClaimOnly())
+
+
+class ThreadLane(Lane):
+    """The lane of the sync job types: it claims as many due jobs as threads
+    are free (never a quick batch), hands each to a thread of `pool`, and
+    goes on claiming while they run. Its own connection only claims; each
+    thread records its job's outcome on a connection of its own
+    (`sync_engine`)."""
+
+    def __init__(self, config: WorkerConfig, life: Life, engine: AsyncEngine, number: int,
+                 pool: ThreadPool, sync_engine: Engine) -> None:
+        super().__init__(config, life, engine, number, serves=config.served)
+        self.pool = pool
+        self.sync_engine = sync_engine
+        #: This life's jobs in threads, by the task that follows each.
+        self.jobs: dict[asyncio.Task[None], SyncRun] = {}
+
+    def plan(self) -> Plan:
+        return Plan(take=False, limit=max(1, self.pool.free))
+
+    def batch_kind(self, queue: str, take: bool) -> BatchKind:
+        return LIMITED_CLAIM_ONLY if self.life.book.limited(queue) else CLAIM_ONLY
+
+    def alone_kind(self) -> BatchKind:
+        return ALONE_CLAIM_ONLY
+
+    def interrupt(self, job_id: uuid.UUID, reason: str) -> bool:
+        """Stop the sync job `job_id` if one of this lane's threads runs it."""
+        if job_id not in self.pool.running:
+            return False
+        asyncio.ensure_future(self.pool.interrupt(job_id, reason))
+        return True
+
+    async def run(self) -> None:
+        """Claim and hand out until stopped; then the running sync handlers
+        get to finish (the runner bounds that by the grace period). Ended any
+        other way (abandoned, a lost connection), they are cut off."""
+        try:
+            await super().run()
+            while self.jobs:
+                await asyncio.wait(set(self.jobs))
+        except BaseException:
+            self.cut()
+            raise
+
+    def cut(self) -> None:
+        super().cut()
+        for task, run in list(self.jobs.items()):
+            sever(run)
+            task.cancel()
+
+    async def _next_batch(self, conn: AsyncConnection, session: AsyncSession) -> bool:
+        if not self.pool.free:
+            await self.pool.wait_free(self.life.stop)
+            return True
+        return await super()._next_batch(conn, session)
+
+    async def _wait_for_work(self) -> bool:
+        if self.config.burst and self.jobs:
+            # Nothing due now, but a running job may yet be retried at once.
+            await asyncio.wait(set(self.jobs), return_when=asyncio.FIRST_COMPLETED)
+            return True
+        return await super()._wait_for_work()
+
+    async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, started: Started,
+                         batch: BatchKind, isolated: bool = False,
+                         decided: dict[uuid.UUID, Decided] | None = None) -> None:
+        """The claim committed (no batch transaction); each job runs in a
+        thread, in a transaction of its own, stopped by its timeout like an
+        async handler (`ThreadPool.interrupt`). Each counts as a batch at the
+        worker's alone gate while it runs; a job that must run alone is
+        waited for here, so that nothing starts beside it."""
+        gate, loop = self.life.alone, asyncio.get_running_loop()
+        tasks = []
+        for job in started.jobs:
+            run = SyncRun(job)
+            gate.enter()
+            done = self.pool.submit(run, self._in_thread)
+            task = asyncio.create_task(self._follow(run, done))
+            self.jobs[task] = run
+            task.add_done_callback(self.jobs.pop)
+            task.add_done_callback(lambda _: gate.leave())
+            if job.timeout is not None:
+                timer = loop.call_later(job.timeout, self.interrupt, job.id,
+                                        timed_out(job.timeout))
+                task.add_done_callback(_cancelling(timer))
+            tasks.append(task)
+        if batch is ALONE_CLAIM_ONLY:
+            await asyncio.wait(tasks)
+
+    async def _follow(self, run: SyncRun, done: asyncio.Future[Any]) -> None:
+        """Count what the thread recorded; a job it could not record (its
+        connection failed before the outcome was written) goes back to the
+        queue, as a lane's jobs do when their batch's connection is lost."""
+        job = run.job
+        try:
+            recorded = await done
+        except Exception as exc:
+            if run.cut or self.life.abandon.is_set():
+                return
+            logger.error("sync job %s (%s): %s; it goes back to the queue", job.id,
+                         job.job_type, one_line(exc),
+                         extra={"event": "sync_job_lost", "job_id": str(job.id),
+                                "job_type": job.job_type, "worker_id": self.worker_id,
+                                "error": one_line(exc)})
+            try:
+                await self.life.hand_back([job.id])
+            except Exception as again:  # the worker's connections went too: a rescue will
+                logger.warning("sync job %s not handed back (%s); it waits for a rescue",
+                               job.id, one_line(again))
+            return
+        if recorded is not None:
+            out, latencies = recorded
+            self.life.stats.count_batch(out, latencies)
+            if out.done_ids and logger.isEnabledFor(logging.DEBUG):
+                self._log_completed([job], out)
+
+    # -- in the thread -----------------------------------------------------------
+
+    def _in_thread(self, run: SyncRun) -> tuple[Outcomes, list[float]] | None:
+        """Run one sync job and record its outcome; what was recorded (None:
+        nothing, the job was cut off or is no longer ours). Raises when its
+        connection failed before the outcome was written."""
+        token = _current_job.set(run.job)
+        try:
+            with self.sync_engine.connect() as conn:
+                conn.info[RUN] = run
+                run.driver = conn.connection.driver_connection
+                try:
+                    return self._run_and_record(conn, run)
+                finally:
+                    conn.info.pop(RUN, None)
+                    run.driver = None
+        finally:
+            _current_job.reset(token)
+
+    def _run_and_record(self, conn: Connection, run: SyncRun
+                        ) -> tuple[Outcomes, list[float]] | None:
+        job, out = run.job, Outcomes()
+        started = time.perf_counter()
+        try:
+            encoded = self._call_sync(conn, run)
+            if run.cut:
+                raise Interrupted("abandoned")
+            out.success(job.id, encoded, time.perf_counter() - started)
+            return out, _record(conn, run, out, self.worker_id)
+        except LostOwnership:
+            self._lost(conn, run)
+            return None
+        except Exception as exc:
+            _roll_back(conn, run)  # the handler's writes are gone
+            if run.cut:
+                return None
+            if is_connection_error(exc) and conn.invalidated:
+                raise  # not the job's fault: it goes back (`_follow`)
+            seconds = time.perf_counter() - started
+            out = Outcomes()
+            if run.reason is not None:  # stopped: its timeout, or a cancel (final)
+                self._note(job, self._failure(job, run.reason, final=run.reason == CANCELLED,
+                                              seconds=seconds), out)
+            elif isinstance(exc, Snooze):
+                self._note(job, Decided(SNOOZED, None, seconds, False, exc.seconds, False), out)
+            else:
+                self._note(job, self._failure(job, error_text(exc), seconds=seconds), out)
+            try:
+                return out, _record(conn, run, out, self.worker_id)
+            except LostOwnership:
+                self._lost(conn, run)
+                return None
+
+    def _call_sync(self, conn: Connection, run: SyncRun) -> str | None:
+        """The handler, in a transaction on `conn` that its session joins;
+        its encoded result, or the reason it fails (raised)."""
+        job = run.job
+        handler = cast(SyncJobHandler | None, self.registry.get(job.job_type))
+        if handler is None or not self.registry.is_sync(job.job_type):
+            raise HandlerError(f"no sync handler registered for job type {job.job_type!r}")
+        conn.begin()
+        # Bound to a connection already in a transaction, the session joins
+        # it instead of owning it: its close() leaves it open, its rollback()
+        # rolls the job's back, its own commit() is refused (`HandlerSession`).
+        session = HandlerSession(bind=conn, expire_on_commit=False)
+        session.info[IN_HANDLER] = run.in_handler = True
+        run.db_error = run.began = False
+        try:
+            result = handler(session, json.loads(job.payload))
+            if inspect.isawaitable(result):
+                with contextlib.suppress(Exception):
+                    result.close()  # type: ignore[attr-defined]
+                raise TypeError("a sync handler returned an awaitable: declare it async def")
+            if session.in_nested_transaction():
+                raise HandlerError("the handler returned inside a begin_nested() it opened")
+            session.flush()  # objects added but not flushed are the job's writes too
+        finally:
+            session.info[IN_HANDLER] = run.in_handler = False
+            session.close()
+        if run.reason is not None:
+            raise Interrupted(run.reason)
+        if run.db_error:
+            raise SwallowedDatabaseError(
+                "the handler caught a database error and went on; its writes are void")
+        return encode_result(result)
+
+    def _lost(self, conn: Connection, run: SyncRun) -> None:
+        _roll_back(conn, run)
+        job = run.job
+        logger.warning("sync job %s (%s) rolled back: another worker took it", job.id,
+                       job.job_type, extra={"event": "batch_lost", "jobs": 1,
+                                            "job_id": str(job.id), "worker_id": self.worker_id})
+        return None
+
+
+def _cancelling(timer: asyncio.TimerHandle) -> Callable[[Any], None]:
+    """A done-callback that cancels `timer` (a job's timeout, once it has ended)."""
+    return lambda _: timer.cancel()
+
+
+def sync_life(life: Life, sync_types: list[str]) -> Life:
+    """The thread lane's view of a life: the same events and book, the sync types."""
+    return dataclasses.replace(life, job_types=sync_types)
