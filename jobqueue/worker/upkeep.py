@@ -51,10 +51,16 @@ class Fenced(Exception):
 
 async def connect(url: str, application_name: str, config: WorkerConfig) -> asyncpg.Connection:
     """A dedicated upkeep connection whose statements give up after
-    `config.statement_timeout` (below the lease)."""
+    `config.statement_timeout` (below the lease), and whose client gives up
+    on a statement the server has not answered within the lease: a server
+    that froze or was cut off without a word (no TCP reset) would otherwise
+    hold the heartbeat, and so the worker, forever. That timeout ends the
+    worker's life, which cuts its other connections and starts over on the
+    server the URL leads to now (after a failover, the promoted standby)."""
     timeout_ms = max(1, int(config.statement_timeout * 1000))
     return await db.connect(url, application_name=application_name,
-                            settings={"statement_timeout": f"{timeout_ms}ms"})
+                            settings={"statement_timeout": f"{timeout_ms}ms"},
+                            command_timeout=config.lease)
 
 
 async def rescue(conn: asyncpg.Connection) -> int:
