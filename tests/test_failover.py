@@ -1,0 +1,136 @@
+"""Failover, with real processes: a `jobqueue worker` whose DATABASE_URL names
+a primary and its synchronous standby (`target_session_attrs=read-write`)
+survives the primary's end and the standby's promotion. It reconnects to the
+new primary by itself; every job enqueued before and after completes, each
+one's effect (a row written through its session) exactly once, and the jobs
+completed before the failure are neither lost nor run again.
+
+Two ends for the primary: SIGKILL of its postmaster (its connections close),
+and a freeze (SIGSTOP of all its processes: its connections stay open and
+nothing answers, so only the worker's own timeouts notice). One pair serves
+both: after each failover the lost node is rebuilt as the new standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from jobqueue import db, embedded
+from jobqueue.embedded.pair import EmbeddedPair
+from jobqueue.schema import migrations
+from jobqueue.testing import WorkerProcess, wait_for, worker_state
+from tests.conftest import ROOT, TEST_TABLES
+
+pytestmark = pytest.mark.skipif(not embedded.available(),
+                                reason="no bundled PostgreSQL binaries (the `embedded` extra)")
+
+#: Jobs enqueued before the failure (about a second of work for the worker)
+#: and after the promotion.
+BEFORE, AFTER = 600, 100
+#: Seconds each server of the URL gets to answer a connection: a frozen one
+#: costs this much before the next is tried.
+CONNECT_TIMEOUT = 2
+LEASE = "2"
+
+
+@pytest.fixture(scope="module")
+async def pair() -> AsyncIterator[EmbeddedPair]:
+    servers = EmbeddedPair()
+    try:
+        url = await asyncio.to_thread(servers.start)
+        await migrations.upgrade(url)
+        conn = await db.connect(url)
+        try:
+            for statement in TEST_TABLES:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+        yield servers
+    finally:
+        await asyncio.to_thread(servers.stop)
+
+
+async def _watch(url: str) -> asyncpg.Connection:
+    """A connection of the test's own, to the read-write server, that never
+    waits more than a few seconds for an answer."""
+    return await db.connect(url, application_name="failover test", command_timeout=10)
+
+
+async def _enqueue(conn: asyncpg.Connection, n: int) -> list[uuid.UUID]:
+    rows = await conn.fetch(
+        "INSERT INTO jobs (job_type, payload, run_at) SELECT 'write_effect',"
+        " '{\"sleep\": 0.005}', clock_timestamp() FROM generate_series(1, $1) RETURNING id", n)
+    return [r["id"] for r in rows]
+
+
+_COMPLETED = "SELECT id, completed_at FROM jobs WHERE status = 'completed'"
+
+
+@pytest.mark.parametrize("failure", ["kill", "freeze"])
+async def test_a_worker_survives_the_primary_failing(pair: EmbeddedPair, failure: str,
+                                                    tmp_path: Path) -> None:
+    if pair.standby is None:  # the test before failed it over
+        await asyncio.to_thread(pair.rebuild)
+    url = pair.url() + f"&connect_timeout={CONNECT_TIMEOUT}"
+    # Something to check: the standby is synchronous, and the worker's URL names both.
+    assert pair.replication() == "sync"
+    assert len(db.servers(url)) == 2
+    watch = await _watch(url)
+    await watch.execute("TRUNCATE jobs, effects; DELETE FROM jobqueue_workers")
+    worker = WorkerProcess(url, tmp_path / "worker.log", "--import", "tests.handlers",
+                           "--lease", LEASE, cwd=ROOT)
+    try:
+        await wait_for(lambda: _active(watch, worker), timeout=60,
+                       message="the worker to be active")
+        first_id = (await worker_state(watch, worker))["id"]
+        before = await _enqueue(watch, BEFORE)
+        await wait_for(lambda: watch.fetchval(
+            "SELECT count(*) >= 100 FROM jobs WHERE status = 'completed'"), timeout=60,
+            message="work under way")
+        committed = dict(await watch.fetch(_COMPLETED))
+        assert 0 < len(committed) < BEFORE  # work was left for after the failure
+        watch.terminate()
+
+        if failure == "kill":
+            pair.kill_primary()
+        else:
+            pair.freeze_primary()
+        # Until it is promoted, the standby is no server to write to.
+        with pytest.raises(db.NoServerError, match="TargetServerAttributeNotMatched"):
+            await db.connect(url)
+        await pair.promote()
+
+        watch = await _watch(url)
+        assert await watch.fetchval("SELECT inet_server_port()") == pair.primary.port
+        after = await _enqueue(watch, AFTER)
+        await wait_for(lambda: watch.fetchval(
+            "SELECT count(*) = $1 FROM jobs WHERE status = 'completed'", BEFORE + AFTER),
+            timeout=60, interval=0.1, message="every job completed on the new primary")
+
+        done = dict(await watch.fetch(_COMPLETED))
+        assert set(done) == set(before) | set(after)
+        effects = dict(await watch.fetch("SELECT job_id, count(*) FROM effects GROUP BY job_id"))
+        assert set(effects) == set(done) and set(effects.values()) == {1}
+        # Completed before the failure: still completed, at the same instant (never rerun).
+        assert {job: done[job] for job in committed} == committed
+        # The same process carried on, in a new life, on the new primary.
+        assert worker.proc.poll() is None
+        now = await worker_state(watch, worker)
+        assert now is not None and now["state"] == "active" and now["id"] != first_id
+        assert "starting over" in worker.log()
+        await watch.close()
+    finally:
+        worker.close()
+        if not watch.is_closed():
+            watch.terminate()
+
+
+async def _active(conn: asyncpg.Connection, worker: WorkerProcess) -> bool:
+    row = await worker_state(conn, worker)
+    return row is not None and row["state"] == "active"
