@@ -213,6 +213,28 @@ class EmbeddedPair:
         _remove(self.home, self.nodes)
 
 
+async def migrated_pair(*statements: str) -> EmbeddedPair:
+    """A started pair with jobqueue's schema (the migrations, on the primary,
+    replicated like everything else) and `statements` run after it (the
+    tables a test's handlers write); `stop()` it when done."""
+    from jobqueue.schema import migrations
+
+    pair = EmbeddedPair()
+    try:
+        url = await asyncio.to_thread(pair.start)
+        await migrations.upgrade(url)
+        conn = await db.connect(url)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+    except BaseException:
+        await asyncio.to_thread(pair.stop)
+        raise
+    return pair
+
+
 def _end(node: EmbeddedPostgres) -> None:
     """Stop a node: fast shutdown when it is running and awake, else SIGKILL
     of its postmaster and every child still there."""
