@@ -19,9 +19,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 
 from jobqueue import db, embedded
+from jobqueue.api import create_app
 from jobqueue.embedded.pair import EmbeddedPair, migrated_pair
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 from tests.conftest import ROOT, TEST_TABLES
@@ -74,7 +76,10 @@ async def test_a_worker_survives_the_primary_failing(pair: EmbeddedPair, failure
     await watch.execute("TRUNCATE jobs, effects; DELETE FROM jobqueue_workers")
     worker = WorkerProcess(url, tmp_path / "worker.log", "--import", "tests.handlers",
                            "--lease", LEASE, cwd=ROOT)
+    app = create_app(url, token=None)
+    api = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
     try:
+        assert (await api.get("/queues")).status_code == 200  # its pool holds a connection
         await wait_for(lambda: _active(watch, worker), timeout=60,
                        message="the worker to be active")
         first_id = (await worker_state(watch, worker))["id"]
@@ -113,8 +118,20 @@ async def test_a_worker_survives_the_primary_failing(pair: EmbeddedPair, failure
         now = await worker_state(watch, worker)
         assert now is not None and now["state"] == "active" and now["id"] != first_id
         assert "starting over" in worker.log()
+        if failure == "kill":
+            # The API's pooled connection died with the old primary: a 503 (never
+            # a 500) until its pool has a connection to the new one. (A frozen
+            # server's connections never die: the API has no timeout of its own,
+            # README, Known limitations.)
+            answers = [(await api.get("/queues")).status_code]
+            while answers[-1] != 200 and len(answers) < 5:
+                answers.append((await api.get("/queues")).status_code)
+            assert answers[-1] == 200 and set(answers) <= {200, 503}, answers
         await watch.close()
     finally:
+        await api.aclose()
+        # A polite close of a connection to the frozen server would wait forever.
+        await app.state.jobqueue_engine.dispose(close=failure == "kill")
         worker.close()
         if not watch.is_closed():
             watch.terminate()
