@@ -7,8 +7,9 @@ completed before the failure are neither lost nor run again.
 
 Two ends for the primary: SIGKILL of its postmaster (its connections close),
 and a freeze (SIGSTOP of all its processes: its connections stay open and
-nothing answers, so only the worker's own timeouts notice). One pair serves
-both: after each failover the lost node is rebuilt as the new standby.
+nothing answers, so only the worker's own timeouts notice). And the standby's
+end, which holds the primary's commits. One pair serves them all: the lost
+node is rebuilt as the new standby after each.
 """
 
 from __future__ import annotations
@@ -140,3 +141,45 @@ async def test_a_worker_survives_the_primary_failing(pair: EmbeddedPair, failure
 async def _active(conn: asyncpg.Connection, worker: WorkerProcess) -> bool:
     row = await worker_state(conn, worker)
     return row is not None and row["state"] == "active"
+
+
+async def test_a_worker_outlives_its_synchronous_standby(pair: EmbeddedPair,
+                                                        tmp_path: Path) -> None:
+    """A synchronous standby that is down holds every commit on the primary.
+    The worker's upkeep does not wait for it (its commits are local), so the
+    worker lives on in the same life instead of timing out over and over;
+    the jobs' completions wait (committed means replicated) and go through
+    once a standby streams again."""
+    if pair.standby is None:
+        await asyncio.to_thread(pair.rebuild)
+    url = pair.url()
+    watch = await _watch(url)
+    await watch.execute("TRUNCATE jobs, effects; DELETE FROM jobqueue_workers")
+    worker = WorkerProcess(url, tmp_path / "worker.log", "--import", "tests.handlers",
+                           "--lease", LEASE, cwd=ROOT)
+    try:
+        await wait_for(lambda: _active(watch, worker), timeout=60,
+                       message="the worker to be active")
+        life = (await worker_state(watch, worker))["id"]
+        pair.kill_standby()
+        gone = await watch.fetchval("SELECT clock_timestamp()")
+        await watch.execute("SET synchronous_commit = local")  # the test's own enqueue
+        jobs = await _enqueue(watch, 3)
+        # Heartbeats go on past a lease after the standby's end, in the same life...
+        await wait_for(lambda: watch.fetchval(
+            "SELECT heartbeat_at > $1::timestamptz + make_interval(secs => $2 * 1.5)"
+            " FROM jobqueue_workers WHERE id = $3", gone, float(LEASE), life),
+            timeout=30, message="heartbeats a lease and a half after the standby's end")
+        assert (await worker_state(watch, worker))["id"] == life
+        # ...while no job's completion could commit.
+        assert await watch.fetchval("SELECT count(*) FROM jobs WHERE status = 'completed'") == 0
+        await asyncio.to_thread(pair.rebuild)
+        await wait_for(lambda: watch.fetchval(
+            "SELECT count(*) = 3 FROM jobs WHERE status = 'completed'"), timeout=30,
+            message="the jobs completed once a standby streams again")
+        effects = dict(await watch.fetch("SELECT job_id, count(*) FROM effects GROUP BY job_id"))
+        assert effects == dict.fromkeys(jobs, 1)
+        assert "starting over" not in worker.log()
+    finally:
+        worker.close()
+        watch.terminate()

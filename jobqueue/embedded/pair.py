@@ -119,10 +119,10 @@ class EmbeddedPair:
         return self.url()
 
     def rebuild(self) -> None:
-        """After a failover, make the lost node a synchronous standby of the
-        new primary: whatever is left of it ended, its data replaced by a
-        fresh base backup (it may hold a commit the new primary never got).
-        The pair can then fail over again, the other way."""
+        """After a failover (or the standby's end), make the lost node a
+        synchronous standby of the primary: whatever is left of it ended, its
+        data replaced by a fresh base backup (an old primary may hold a commit
+        the new one never got). The pair can then fail over again."""
         if self.standby is not None:
             raise EmbeddedPostgresError("the pair has a standby: nothing to rebuild")
         lost = next(node for node in self.nodes if node is not self.primary)
@@ -164,6 +164,18 @@ class EmbeddedPair:
         pid = self._primary_pid()
         os.kill(pid, signal.SIGKILL)
         logger.info("killed the primary's postmaster (pid %d)", pid)
+
+    def kill_standby(self) -> None:
+        """SIGKILL of the standby's postmaster: the primary's commits then wait
+        for a synchronous standby that is not there, until `rebuild()`."""
+        if self.standby is None:
+            raise EmbeddedPostgresError("no standby to kill")
+        pid = self.standby.postmaster_pid()
+        if pid is None:
+            raise EmbeddedPostgresError("the standby is not running")
+        os.kill(pid, signal.SIGKILL)
+        self.standby = None
+        logger.info("killed the standby's postmaster (pid %d)", pid)
 
     def freeze_primary(self) -> None:
         """SIGSTOP of every process of the primary: like a server cut off or
