@@ -94,15 +94,17 @@ async def test_a_worker_survives_the_primary_failing(pair: EmbeddedPair, failure
 
         if failure == "kill":
             pair.kill_primary()
+            # Until it is promoted, the standby is no server to write to.
+            with pytest.raises(db.NoServerError, match="TargetServerAttributeNotMatched"):
+                await db.connect(url)
         else:
             pair.freeze_primary()
-        # Until it is promoted, the standby is no server to write to.
-        with pytest.raises(db.NoServerError, match="TargetServerAttributeNotMatched"):
-            await db.connect(url)
         await pair.promote()
 
-        watch = await _watch(url)
-        assert await watch.fetchval("SELECT inet_server_port()") == pair.primary.port
+        # Straight to the new primary: through the URL, a frozen first server
+        # would cost the test its connect_timeout again.
+        watch = await _watch(db.pin(url, "127.0.0.1", pair.primary.port))
+        assert await watch.fetchval("SELECT pg_is_in_recovery()") is False
         after = await _enqueue(watch, AFTER)
         await wait_for(lambda: watch.fetchval(
             "SELECT count(*) = $1 FROM jobs WHERE status = 'completed'", BEFORE + AFTER),
