@@ -31,7 +31,7 @@ from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry, JobHandler, handlers
 from jobqueue.retry import RetryPolicy
 from jobqueue.schema.models import Job, JobStatus
-from jobqueue.worker import JobRunner, current_job
+from jobqueue.worker import JobRunner, Snooze, current_job
 
 __version__ = "0.1.0"
 
@@ -42,6 +42,7 @@ __all__ = [
     "JobRunner",
     "JobStatus",
     "RetryPolicy",
+    "Snooze",
     "current_job",
     "enqueue",
     "enqueue_many",

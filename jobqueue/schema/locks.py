@@ -19,3 +19,6 @@ WORKER_LOCK_CLASS = 74_172
 QUEUE_LOCK_CLASS = 74_173
 #: The channel new jobs are announced on (a trigger on `jobs` notifies it).
 CHANNEL = "jobqueue"
+#: A notification on CHANNEL whose payload is this prefix and a job's id asks
+#: the worker running that job to stop it (`jobqueue cancel`, `DELETE /jobs/{id}`).
+CANCEL_PREFIX = "cancel:"
