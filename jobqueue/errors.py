@@ -12,7 +12,11 @@ from sqlalchemy.exc import DBAPIError
 # 57P01-57P03 (admin shutdown, crash shutdown, cannot connect now) arrive as
 # errors from the server itself. InternalClientError ("another operation is in
 # progress") is what asyncpg raises when a connection was cut under a query it
-# has not finished reading: the connection is unusable either way.
+# has not finished reading: the connection is unusable either way; its
+# TargetServerAttributeNotMatched says a server is not the one asked for (a
+# standby, for read-write). 25006, a write refused as read-only, means the
+# server reached is a standby (a failover moved the primary, or a URL or a
+# DNS name still names the old one): start over and look for the primary.
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     asyncio.TimeoutError,
@@ -20,6 +24,7 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,
     asyncpg.InternalClientError,
     asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.ReadOnlySQLTransactionError,
 )
 
 
@@ -44,6 +49,12 @@ def is_connection_error(exc: BaseException) -> bool:
     # intervention too, but only the statement ended: the connection is fine.
     return any(isinstance(e, _CONNECTION_ERRORS) and not isinstance(e, asyncpg.QueryCanceledError)
                for e in _causes(exc))
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """True when the client gave up waiting (its own timeout): the server did
+    not answer at all, unlike a statement timeout, which is its answer."""
+    return any(isinstance(e, asyncio.TimeoutError) for e in _causes(exc))
 
 
 def one_line(exc: BaseException) -> str:

@@ -55,6 +55,17 @@ async def effect(session: AsyncSession, payload: dict[str, Any]) -> dict[str, An
     return {"ok": True}
 
 
+@handlers.register("write_effect")
+async def write_effect(session: AsyncSession, payload: dict[str, Any]) -> None:
+    """An effect through the session alone (nothing outside the job's
+    transaction, no connection of its own to lose), after `sleep` seconds:
+    it commits with the job's completion or not at all."""
+    if payload.get("sleep"):
+        await asyncio.sleep(float(payload["sleep"]))
+    await session.execute(text("INSERT INTO effects (job_id) VALUES (:id)"),
+                          {"id": current_job().id})
+
+
 @handlers.register("noop")
 async def noop(session: AsyncSession, payload: dict[str, Any]) -> None:
     return None

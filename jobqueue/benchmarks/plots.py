@@ -711,6 +711,80 @@ def _left_processing_sentence(claimed: pd.DataFrame, quick: pd.DataFrame) -> str
     return text
 
 
+
+# -- PostgreSQL failover ----------------------------------------------------------------
+
+
+def failover_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The failover trials in one row: medians (and the range of the time to
+    resume), and whether any job was lost or ran twice."""
+    resume = df["resume_s"]
+    return pd.DataFrame([{
+        "trials": len(df), "kill → first job on the new primary, median (s)": resume.median(),
+        "min (s)": resume.min(), "max (s)": resume.max(),
+        "promotion, median (s)": df["promotion_s"].median(),
+        "kill → promoted, median (s)": df["promoted_s"].median(),
+        "promoted → first job, median (s)": df["after_promotion_s"].median(),
+        "completed before the kill, kept": f"{int(df['kept_before'].sum()):,} of "
+                                           f"{int(df['completed_before'].sum()):,}",
+        "jobs not run exactly once": int(df["completed_not_once"].sum())}])
+
+
+def failover_findings(df: pd.DataFrame) -> str:
+    """What the notebook and BENCHMARKS.md say about the failover trials,
+    every number computed from them."""
+    from jobqueue.errors import Backoff
+
+    resume, promotion = df["resume_s"], df["promotion_s"]
+    text = (f"From the primary's SIGKILL to the first job completed on the promoted standby: "
+            f"{_seconds(resume, 3)}. The promotion itself (`pg_promote` until the standby takes "
+            f"writes) took {_seconds(promotion, 3)}; the rest, "
+            f"{df['after_promotion_s'].median():.3f} s at the median after the promotion, is the "
+            f"worker: its next attempt to reconnect (it backs off from {Backoff().first:g} s), "
+            "a new life on the "
+            "new primary (the connections, its registration, the rescue) and its first batch. "
+            "No failover manager ran here: the standby was promoted the moment the primary "
+            "died, so a real one adds its own time to decide.")
+    kept, before = int(df["kept_before"].sum()), int(df["completed_before"].sum())
+    wrong = int(df["completed_not_once"].sum()) + int(df["ran_twice"].sum())
+    total = int(df["completed"].sum())
+    states = sorted(map(str, set(df["replication"]))) if "replication" in df else []
+    how = ("Replication was synchronous (the primary's view of its standby before every kill)"
+           if states == ["sync"] else
+           f"Replication, as the primary saw its standby: {', '.join(states) or 'not recorded'}")
+    if kept == before and wrong == 0 and total == int(df["jobs"].sum()):
+        text += (f" {how}: each of the {before:,} jobs completed before a "
+                 "kill was still completed on the new primary, at the same instant (none ran "
+                 f"again), and all {total:,} jobs of the trials completed, each run exactly once "
+                 "(a row per run, written in the job's transaction).")
+    else:
+        text += (f" {how}. Of the {before:,} jobs completed before a kill, {kept:,} were still "
+                 f"so on the new primary; {total:,} of {int(df['jobs'].sum()):,} jobs completed, "
+                 f"and {wrong} did not run exactly once.")
+    return text
+
+
+def failover_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.Figure:
+    """The trial with the median time to resume: jobs completed per 100 ms,
+    on the old primary and then on the new one, the kill at 0 s and the end
+    of the promotion marked."""
+    trial = times.sort_values("resume_s").iloc[len(times) // 2]
+    g = timeline[timeline["trial"] == trial["trial"]]
+    fig, ax = plt.subplots(figsize=(6.4, 2.8))
+    for server, color in (("old primary", "tab:blue"), ("new primary", "tab:orange")):
+        s = g[g["server"] == server]
+        ax.bar(s["t"] + 0.05, s["jobs"], width=0.1, color=color, label=f"completed on the {server}")
+    ax.axvline(0, color="black", linestyle="--", linewidth=1, label="SIGKILL of the primary")
+    ax.axvline(trial["promoted_s"], color="tab:green", linestyle=":", linewidth=1.5,
+               label=f"standby promoted ({trial['promoted_s']:.3f} s)")
+    ax.set_xlabel("seconds from the kill", fontsize=8)
+    ax.set_ylabel("jobs per 100 ms", fontsize=8)
+    ax.set_title(f"Failover, median trial: first job on the new primary after "
+                 f"{trial['resume_s']:.3f} s", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
 # -- beside the peers -----------------------------------------------------------------
 
 #: One colour per system in every comparison figure.

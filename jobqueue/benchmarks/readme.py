@@ -122,9 +122,18 @@ def recovery_lines(results: Path) -> list[str]:
     keep = ["setup", "signal", "trials", "median (s)", "held at the signal",
             "held jobs completed once"]
     leases = ", ".join(f"{v:g}" for v in sorted(times["lease"].unique()))
-    return ["Takeover, from the signal to the standby's first completed job (the recovery "
-            f"notebook; a hang (SIGSTOP) waits for the lease, {leases} s in this run):", "",
-            plots.markdown(table[[c for c in keep if c in table.columns]], ",.3f")]
+    lines = ["Takeover, from the signal to the standby's first completed job (the recovery "
+             f"notebook; a hang (SIGSTOP) waits for the lease, {leases} s in this run):", "",
+             plots.markdown(table[[c for c in keep if c in table.columns]], ",.3f")]
+    if (results / "recovery_failover.csv").exists():
+        failover = load("recovery_failover", results)[0]
+        lines += ["", "PostgreSQL failover (a primary and its synchronous standby; the primary "
+                  "killed, the standby promoted at once), to the first job completed on the new "
+                  f"primary: median {failover['resume_s'].median():.3f} s of "
+                  f"{len(failover)} trials, the promotion itself "
+                  f"{failover['promotion_s'].median():.3f} s; "
+                  f"{int(failover['completed_not_once'].sum())} jobs not run exactly once."]
+    return lines
 
 
 def behind(drains: dict[str, pd.DataFrame]) -> list[str]:

@@ -502,7 +502,26 @@ def _recovery(results: Path) -> str:
         _figure(plots.recovery_timeline_plot(timeline, times), "recovery_timeline", results), "",
         _figure(plots.recovery_times_plot(times), "recovery_times", results), "",
         *[findings[k] for k in ("crash", "hang", "rescue", "left_processing") if findings[k]],
+        *(_failover(results) if (results / "recovery_failover.csv").exists() else []),
     ])
+
+
+def _failover(results: Path) -> list[str]:
+    times, _ = load("recovery_failover", results)
+    timeline, _ = load("recovery_failover_timeline", results)
+    return [
+        "", "### PostgreSQL failover", "",
+        "A primary and its synchronous standby (embedded, on this machine); one worker, "
+        f"`jobqueue worker {times['argv'].iloc[0]}`, with a DATABASE_URL naming both "
+        "(`target_session_attrs=read-write`), works through a stream of "
+        f"{int(times['jobs'].iloc[0]):,} jobs of {times['job_ms'].iloc[0]:g} ms; the primary's "
+        "postmaster gets SIGKILL and the standby is promoted at once. Times on the servers' "
+        "clock; the lost server is rebuilt as the standby between trials.", "",
+        plots.markdown(plots.failover_table(times), ",.3f"), "",
+        _figure(plots.failover_timeline_plot(timeline, times), "recovery_failover_timeline",
+                results), "",
+        plots.failover_findings(times),
+    ]
 
 
 #: The comparison's drain results, one file per workload (what the jobs do).

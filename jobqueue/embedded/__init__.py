@@ -10,7 +10,9 @@ user's home folder, so we only borrow the wheel's binaries (``pginstall/bin``) a
 drive ``initdb``/``pg_ctl``/``psql`` directly. By concern: ``paths`` (where data,
 socket and binaries live, and who can reach them), ``server_user`` (the system account
 that runs the server as root, and running programs as it), ``process`` (is a postmaster
-alive, and ours), ``server`` (``EmbeddedPostgres``: start, stop, restart).
+alive, and ours), ``server`` (``EmbeddedPostgres``: start, stop, restart), and ``pair``
+(``EmbeddedPair``: a primary and a synchronous standby, for failover tests and the
+recovery notebook; imported on its own, not from here).
 
 Layout (``home`` is ``default_home()`` unless given)::
 

@@ -83,3 +83,17 @@ def shared_memory_in_use(pid_file: Path) -> bool | None:
         if len(cols) > 6 and cols[1] == str(shmid):
             return int(cols[6]) > 0
     return False
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live children of ``pid`` (a postmaster's backends and helpers), read
+    from /proc; [] where there is no procfs."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.append(int(entry.parent.name))
+    return found

@@ -16,7 +16,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from jobqueue.embedded.paths import (
@@ -75,11 +75,23 @@ class EmbeddedPostgres:
 
     Every method is safe to call from several processes at once: start/stop/restart
     hold an exclusive ``flock`` on ``home/.embedded.lock`` for their whole sequence.
-    Paths and URL are a pure function of ``home``, so every process computes the same.
+    Paths and URL are a pure function of ``home`` (and ``port``), so every process
+    computes the same.
+
+    The defaults are jobqueue's own server: a unix socket only, on port 5432. A pair
+    of servers for failover (``pair.py``) gives each its own ``port``, extra
+    ``settings`` (``listen_addresses`` for TCP, replication) and a superuser
+    ``password``, which initdb requires (scram-sha-256) on TCP; the socket stays
+    ``trust``.
     """
 
-    def __init__(self, home: Path | None = None) -> None:
+    def __init__(self, home: Path | None = None, *, port: int = PORT,
+                 settings: Mapping[str, str] | None = None,
+                 password: str | None = None) -> None:
         self.home: Path = Path(home if home is not None else default_home()).expanduser().resolve()
+        self.port = port
+        self.settings = dict(settings or {})
+        self._password = password
         self._as_root = os.geteuid() == 0
         self._relocated = self._as_root and not reachable_by_others(self.home)
         if self._relocated:
@@ -104,7 +116,7 @@ class EmbeddedPostgres:
         The fallback lives in /tmp (literal, not $TMPDIR, which may differ between
         processes) and is named after a hash of ``home``: deterministic for everyone.
         """
-        socket = f"{preferred}/.s.PGSQL.{PORT}"
+        socket = f"{preferred}/.s.PGSQL.{self.port}"
         if len(socket.encode()) <= MAX_SOCKET_PATH and SAFE_PATH.fullmatch(str(preferred)):
             return preferred
         digest = hashlib.sha1(f"{self.home}:{os.geteuid()}".encode()).hexdigest()[:12]
@@ -125,7 +137,8 @@ class EmbeddedPostgres:
     def url(self, database: str = DATABASE_NAME, driver: str = "asyncpg") -> str:
         """SQLAlchemy URL over the unix socket; ``driver=""`` gives a libpq-style URL."""
         scheme = f"postgresql+{driver}" if driver else "postgresql"
-        return f"{scheme}://{SUPERUSER}@/{database}?host={self.socket_dir}"
+        port = "" if self.port == PORT else f"&port={self.port}"
+        return f"{scheme}://{SUPERUSER}@/{database}?host={self.socket_dir}{port}"
 
     # -- running programs -------------------------------------------------------------
 
@@ -154,7 +167,7 @@ class EmbeddedPostgres:
                 "-h",
                 self.socket_dir,
                 "-p",
-                str(PORT),
+                str(self.port),
                 "-U",
                 SUPERUSER,
                 "-d",
@@ -221,6 +234,24 @@ class EmbeddedPostgres:
             self._stop_locked()
             self._start_locked()
         return self.url()
+
+    def init_standby(self, primary: EmbeddedPostgres) -> None:
+        """Make this (empty) cluster a streaming standby of the running
+        ``primary``: ``pg_basebackup -R`` (a copy of its data folder taken while
+        it runs, with the WAL to make it consistent, and ``standby.signal`` plus
+        ``primary_conninfo`` to follow it) over ``primary``'s unix socket. Into a
+        sibling folder, then renamed, like initdb. ``start()`` then runs it."""
+        with self._locked():
+            self._ensure_binaries()
+            self._prepare_folders()
+            if self.is_initialized() or any(self.data_dir.iterdir()):
+                raise EmbeddedPostgresError(f"{self.data_dir} is not empty: no base backup into it")
+            took = self._fill_data_dir("pg_basebackup", lambda staging: [
+                self.bin_dir / "pg_basebackup", "-D", staging, "-h", primary.socket_dir,
+                "-p", str(primary.port), "-U", SUPERUSER, "-X", "stream", "-c", "fast", "-R",
+                "--no-password"])
+            logger.info("took a base backup of %s into %s (%.2fs)", primary.data_dir,
+                        self.data_dir, took)
 
     def _start_locked(self) -> None:
         self._ensure_binaries()
@@ -327,49 +358,61 @@ class EmbeddedPostgres:
             os.chmod(self.socket_dir, 0o700)
 
     def _initdb(self) -> None:
-        """initdb into a sibling folder, then rename: a crash never leaves a half cluster."""
+        """initdb, with the superuser's password if there is one."""
         if any(self.data_dir.iterdir()):
             raise EmbeddedPostgresError(
                 f"{self.data_dir} is not empty but has no PG_VERSION; move it away to start afresh"
             )
-        staging = self._base / "pgdata.initdb"
-        shutil.rmtree(staging, ignore_errors=True)  # ours, from an interrupted initdb
+        with self._password_file() as extra:
+            took = self._fill_data_dir("initdb", lambda staging: [
+                self.bin_dir / "initdb", "-D", staging, "--auth=trust", *extra,
+                "--encoding=UTF8", "--locale=C", "-U", SUPERUSER, "--no-instructions"])
+        logger.info("initialized PostgreSQL %s cluster in %s (%.2fs)", POSTGRES_MAJOR,
+                    self.data_dir, took)
+
+    def _fill_data_dir(self, program: str,
+                       command: Callable[[Path], Sequence[str | Path]]) -> float:
+        """Run ``command(staging)`` (initdb, pg_basebackup) into a sibling folder
+        of the data folder, then rename it into place: a crash never leaves a half
+        cluster. The seconds it took."""
+        staging = self._base / f"pgdata.{program}"
+        shutil.rmtree(staging, ignore_errors=True)  # ours, from an interrupted run
         staging.mkdir(mode=0o700)
         hand_over(staging)
         started = time.monotonic()
-        result = run_as_server_user(
-            [
-                self.bin_dir / "initdb",
-                "-D",
-                staging,
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "-U",
-                SUPERUSER,
-                "--no-instructions",
-            ],
-            timeout=300,
-        )
+        result = run_as_server_user(command(staging), timeout=300)
         if result.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
-            raise EmbeddedPostgresError(f"initdb failed: {result.stderr.strip()}")
+            raise EmbeddedPostgresError(f"{program} failed: {result.stderr.strip()}")
         self.data_dir.rmdir()
         os.rename(staging, self.data_dir)
-        logger.info(
-            "initialized PostgreSQL %s cluster in %s (%.2fs)",
-            POSTGRES_MAJOR,
-            self.data_dir,
-            time.monotonic() - started,
-        )
+        return time.monotonic() - started
+
+    @contextlib.contextmanager
+    def _password_file(self) -> Iterator[list[str]]:
+        """initdb's options for the superuser's password, if there is one: TCP
+        connections need it (scram-sha-256), the socket does not. The file it
+        reads it from lives for the initdb only, readable by the server user alone."""
+        if self._password is None:
+            yield []
+            return
+        fd, name = tempfile.mkstemp(prefix=".pwfile.", dir=self._base)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self._password + "\n")
+            hand_over(Path(name))
+            yield ["--auth-host=scram-sha-256", f"--pwfile={name}"]
+        finally:
+            os.unlink(name)
 
     def _server_options(self) -> str:
         """The ``-o`` string for pg_ctl (it goes through /bin/sh, hence the quoting)."""
         settings = {
             "listen_addresses": "",  # unix socket only: nothing on the network
-            "port": str(PORT),
+            "port": str(self.port),
             "unix_socket_directories": str(self.socket_dir),
             **SERVER_SETTINGS,
+            **self.settings,
         }
         return " ".join(f"-c {shlex.quote(f'{k}={v}')}" for k, v in settings.items())
 
@@ -389,7 +432,7 @@ class EmbeddedPostgres:
                 return  # unsure, or old backends still attached: leave it to postgres
             logger.warning("removing stale postmaster.pid (pid %d is not our postmaster)", pid)
             pid_file.unlink(missing_ok=True)
-            socket_lock = self.socket_dir / f".s.PGSQL.{PORT}.lock"
+            socket_lock = self.socket_dir / f".s.PGSQL.{self.port}.lock"
             if read_pid(socket_lock) == pid:
                 socket_lock.unlink(missing_ok=True)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy.ext.asyncio import create_async_engine
 
+from jobqueue import db
 from jobqueue.db import database_url
 
 #: The migration scripts: inside the package, so a checkout and an installed
@@ -39,8 +39,6 @@ async def upgrade(url: str | None = None, revision: str = "head") -> None:
 async def current(url: str | None = None) -> str | None:
     """The revision the database's schema is at (None: never migrated), read
     from alembic's version table."""
-    from jobqueue import db
-
     conn = await db.connect(database_url(url))
     try:
         if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", VERSION_TABLE):
@@ -57,7 +55,7 @@ async def downgrade(url: str | None, revision: str) -> None:
 
 
 async def _run(step: Callable[[Config, str], None], url: str | None, revision: str) -> None:
-    engine = create_async_engine(database_url(url))
+    engine = db.create_engine(url)
     try:
         async with engine.begin() as conn:
 

@@ -25,8 +25,11 @@ A worker's life, top-down:
    within the grace period, hand back what did not start; a second signal or
    the end of the grace period abandons running handlers (their transactions
    roll back, their jobs go back without counting an attempt). A lost
-   connection or a fencing: cut everything, wait (with backoff), and live
-   again under a new id.
+   connection, a server that stops answering (the upkeep connections' client
+   timeout) or a fencing: cut everything, wait (with backoff), and live again
+   under a new id. A life's connections all go to the server its first one
+   reached, so with a primary and standbys in the URL the next life follows a
+   failover to whichever server takes writes then.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from sqlalchemy import Engine as SyncEngine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import db
-from jobqueue.errors import Backoff, is_connection_error, one_line
+from jobqueue.errors import Backoff, is_connection_error, is_timeout, one_line
 from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.schema.locks import (
     ACTIVE_KEY,
@@ -209,7 +212,10 @@ class JobRunner:
         self.alone = AloneGate()
         async with contextlib.AsyncExitStack() as stack:
             try:
-                control = await self._announce(url)
+                # The rest of this life's connections go where the first one
+                # did: with several servers in the URL, locks, upkeep and
+                # lanes must be on one of them.
+                control, url = await self._announce(url)
                 self._connections = [control]
                 stack.push_async_callback(self._close_control, control)
                 lost = asyncio.Event()
@@ -261,27 +267,39 @@ class JobRunner:
                 # the error says.
                 if (isinstance(exc, Fenced) or is_connection_error(exc)
                         or any(c.is_closed() for c in self._connections)):
-                    raise _LifeOver(one_line(exc)) from exc
+                    reason = one_line(exc)
+                    if is_timeout(exc):
+                        # The server stopped answering (frozen, or cut off
+                        # without a word): a polite goodbye would wait for it.
+                        for conn in self._connections:
+                            conn.terminate()
+                        if reason == "TimeoutError":
+                            reason = "the database did not answer in time (TimeoutError)"
+                    raise _LifeOver(reason) from exc
                 raise
             finally:
                 self._connections = []
 
-    async def _announce(self, url: str) -> asyncpg.Connection:
-        """Connect and take a liveness lock on a fresh random id."""
+    async def _announce(self, url: str) -> tuple[asyncpg.Connection, str]:
+        """Connect and take a liveness lock on a fresh random id; the
+        connection, and the URL of the server it reached."""
         for _ in range(10):
             self.worker_id = secrets.randbelow(2**31 - 2) + 1
             self.state = "standby"
             # Named after its id only once the lock is held: `reap` ends the
             # connections of ids nobody holds.
-            conn = await db.connect(url, application_name=f"jobqueue worker - {self.name}"[:63])
+            conn, server = await db.connect_server(
+                url, application_name=f"jobqueue worker - {self.name}"[:63])
             if await queries["lock_worker"].fetchval(
                 conn, lock_class=WORKER_LOCK_CLASS, worker_id=self.worker_id
             ):
                 await queries["rename_connection"].fetch(conn, name=self._app_name(self.role))
-                logger.info("worker %d (%s) connected", self.worker_id, self.name,
+                host, port = db.servers(server)[0]
+                where = f"{host}:{port}" if port else str(host or "the default server")
+                logger.info("worker %d (%s) connected to %s", self.worker_id, self.name, where,
                             extra={"event": "worker_connected", "worker_id": self.worker_id,
-                                   "worker_name": self.name})
-                return conn
+                                   "worker_name": self.name, "server": where})
+                return conn, server
             await conn.close()
         raise RuntimeError("could not find a free worker id")  # 2**31 ids: never in practice
 
@@ -541,16 +559,21 @@ def _raise_from(guards: Sequence[asyncio.Future[Any]]) -> None:
         raise ConnectionError("the control connection was lost")
 
 
+#: Seconds a connection of a life that ends gets to say goodbye and close.
+CLOSE_TIMEOUT = 5.0
+
+
 async def _close(conn: asyncpg.Connection,
                  goodbye: Callable[[], Awaitable[Any]] | None = None) -> None:
     """Close a connection of this life, after its last statement (`goodbye`)
-    if it is still open; a connection that cannot close politely is cut."""
+    if it is still open; a connection that cannot close politely (within
+    CLOSE_TIMEOUT: its server may never answer) is cut."""
     if conn.is_closed():
         return
     try:
         if goodbye is not None:
-            await goodbye()
-        await conn.close(timeout=5)
+            await asyncio.wait_for(goodbye(), CLOSE_TIMEOUT)
+        await conn.close(timeout=CLOSE_TIMEOUT)
     except Exception:
         conn.terminate()
 

@@ -53,10 +53,27 @@ class Fenced(Exception):
 
 async def connect(url: str, application_name: str, config: WorkerConfig) -> asyncpg.Connection:
     """A dedicated upkeep connection whose statements give up after
-    `config.statement_timeout` (below the lease)."""
+    `config.statement_timeout` (below the lease), and whose client gives up
+    on a statement the server has not answered within the lease: a server
+    that froze or was cut off without a word (no TCP reset) would otherwise
+    hold the heartbeat, and so the worker, forever. That timeout ends the
+    worker's life, which cuts its other connections and starts over on the
+    server the URL leads to now (after a failover, the promoted standby).
+
+    Its commits wait for the local disk only (`synchronous_commit = local`,
+    the same as `on` without a synchronous standby): with one, a standby
+    that is down would hold every heartbeat (a statement timeout does not
+    end that wait), and the worker would start over and over, each life
+    leaving its backends waiting. Nothing upkeep writes needs a standby's
+    copy: a heartbeat, a registration, a rescue, a hand-back, a prune or a
+    fired tick that a failover loses is done again by the next tick or life,
+    and a job's claim or completion, committed synchronously, carries every
+    earlier commit of the primary with it to the standby."""
     timeout_ms = max(1, int(config.statement_timeout * 1000))
     return await db.connect(url, application_name=application_name,
-                            settings={"statement_timeout": f"{timeout_ms}ms"})
+                            settings={"statement_timeout": f"{timeout_ms}ms",
+                                      "synchronous_commit": "local"},
+                            command_timeout=config.lease)
 
 
 async def rescue(conn: asyncpg.Connection, policy: RetryPolicy = DEFAULT_POLICY) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
@@ -108,3 +109,58 @@ def test_the_sentences_follow_the_trials() -> None:
                                     "claimed, 5 ms jobs, `--quick-batch 0`",
                                     "claimed, 5 ms jobs, `--quick-batch 0`"]
     assert list(table["held jobs completed once"]) == ["0 of 0", "20 of 20", "10 of 10"]
+
+
+def _failovers(**changes: object) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Three made-up failover trials and their timelines, as results files have them."""
+    rows = [{"trial": n, "jobs": 300, "job_ms": 5.0, "lease": 1.0, "replication": "sync",
+             "flags": "--batch-size 10 --lease 1", "resume_s": resume, "promoted_s": 0.15,
+             "promotion_s": promotion, "after_promotion_s": resume - 0.15,
+             "completed_before": 50, "kept_before": 50, "completed": 300,
+             "completed_not_once": 0, "ran_twice": 0, "argv": "--lease 1"}
+            for n, resume, promotion in ((1, 0.4, 0.12), (2, 0.3, 0.10), (3, 0.5, 0.14))]
+    times = pd.DataFrame(rows)
+    for key, value in changes.items():
+        times.loc[times["trial"] == 2, key] = value
+    timeline = pd.DataFrame([{"trial": n, "server": server, "t": t, "jobs": 10}
+                             for n in (1, 2, 3)
+                             for server, t in (("old primary", -0.1), ("new primary", 0.3))])
+    return times, timeline
+
+
+def test_the_failover_sentences_follow_the_trials() -> None:
+    times, timeline = _failovers()
+    good = plots.failover_findings(times)
+    assert "0.400 s (0.300–0.500 s, 3 trials)" in good  # to resume
+    assert "0.120 s (0.100–0.140 s, 3 trials)" in good  # the promotion
+    assert "Replication was synchronous" in good
+    assert "each of the 150 jobs completed before a kill was still completed" in good
+    assert "all 900 jobs of the trials completed, each run exactly once" in good
+    table = plots.failover_table(times)
+    assert table.iloc[0]["completed before the kill, kept"] == "150 of 150"
+    assert table.iloc[0]["kill → first job on the new primary, median (s)"] == 0.4
+    bad = plots.failover_findings(_failovers(kept_before=40, completed_not_once=2,
+                                             replication="async")[0])
+    assert "140 were still so" in bad and "2 did not run exactly once" in bad
+    assert "as the primary saw its standby: async, sync" in bad
+    assert "each run exactly once" not in bad
+    figure = plots.failover_timeline_plot(timeline, times)
+    assert "0.400 s" in figure.axes[0].get_title()  # the median trial's
+    plt.close(figure)
+
+
+def test_the_report_has_a_failover_part_once_there_are_results(tmp_path, monkeypatch) -> None:
+    from jobqueue.benchmarks import report, save
+
+    monkeypatch.setattr("jobqueue.benchmarks.results_dir", lambda: tmp_path)
+    save(_trials().assign(argv=lambda d: d["flags"]).to_dict("records"), "recovery", {})
+    save([{"setup": "quick", "signal": "SIGKILL", "trial": 1, "worker": "second", "t": 0.0,
+           "jobs": 3}], "recovery_timeline", {})
+    without = report._recovery(tmp_path)
+    assert "### PostgreSQL failover" not in without
+    times, timeline = _failovers()
+    save(times.to_dict("records"), "recovery_failover", {})
+    save(timeline.to_dict("records"), "recovery_failover_timeline", {})
+    text = report._recovery(tmp_path)
+    assert "### PostgreSQL failover" in text and "| 3 | 0.400 |" in text
+    assert (tmp_path / "recovery_failover_timeline.png").stat().st_size > 0

@@ -6,9 +6,8 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import pool
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import async_engine_from_config
 
-from jobqueue.db import database_url
+from jobqueue.db import create_engine, database_url
 from jobqueue.schema.models import Base
 
 config = context.config
@@ -48,9 +47,7 @@ def _run_sync(connection: Connection) -> None:
 
 
 async def run_migrations_online() -> None:
-    engine = async_engine_from_config(
-        {"sqlalchemy.url": _url()}, prefix="sqlalchemy.", poolclass=pool.NullPool
-    )
+    engine = create_engine(_url(), poolclass=pool.NullPool)
     async with engine.connect() as conn:
         await conn.run_sync(_run_sync)
         await conn.commit()
