@@ -7,7 +7,9 @@ completion, or rolls back alone if the handler fails.
 
 `register(..., cron=...)` or `every=...` also makes the type recur
 (`schedules.py`); the maintenance leader of whichever worker imports the
-module enqueues its ticks (`worker/scheduler.py`).
+module enqueues its ticks (`worker/scheduler.py`). `register(...,
+timeout=120)` gives the type's jobs a default timeout: a job's own
+(`enqueue(..., timeout=)`) wins over it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from jobqueue.enqueue import check_job_type
+from jobqueue.enqueue import check_job_type, check_timeout
 from jobqueue.schedules import ScheduleSpec
 from jobqueue.schema.models import DEFAULT_QUEUE
 
@@ -35,10 +37,11 @@ class HandlerRegistry:
     def __init__(self) -> None:
         self._handlers: dict[str, JobHandler] = {}
         self._schedules: dict[str, ScheduleSpec] = {}
+        self._timeouts: dict[str, float] = {}
 
     def register(self, job_type: str, *, cron: str | None = None, every: int | None = None,
-                 queue: str | None = None, priority: int | None = None
-                 ) -> Callable[[JobHandler], JobHandler]:
+                 queue: str | None = None, priority: int | None = None,
+                 timeout: float | None = None) -> Callable[[JobHandler], JobHandler]:
         """Decorator: `@handlers.register("send_email")`.
 
         With `cron="0 3 * * *"` (five fields, UTC) or `every=60` (seconds), the
@@ -47,8 +50,13 @@ class HandlerRegistry:
         takes its own), so they are refused without a schedule. Everything is
         checked here, before the function is even decorated: a bad schedule
         is a ValueError at the line that registers it, and nothing is kept.
+
+        `timeout`: seconds one attempt of this type may run, for jobs that
+        have no timeout of their own (the same rules as `enqueue`'s).
+        Registering the type again without it drops the default.
         """
         check_job_type(job_type)
+        default_timeout = check_timeout(timeout, f"timeout for {job_type!r}")
         spec = None
         if cron is not None or every is not None:
             spec = ScheduleSpec(cron=cron, every=every,
@@ -64,6 +72,10 @@ class HandlerRegistry:
                 self._schedules.pop(job_type, None)
             else:
                 self._schedules[job_type] = spec
+            if default_timeout is None:
+                self._timeouts.pop(job_type, None)
+            else:
+                self._timeouts[job_type] = default_timeout
             return func
 
         return decorator
@@ -79,11 +91,17 @@ class HandlerRegistry:
     def remove(self, job_type: str) -> None:
         self._handlers.pop(job_type, None)
         self._schedules.pop(job_type, None)
+        self._timeouts.pop(job_type, None)
 
     @property
     def schedules(self) -> Mapping[str, ScheduleSpec]:
         """The recurring job types and their schedules (read-only)."""
         return MappingProxyType(self._schedules)
+
+    def timeout(self, job_type: str) -> float | None:
+        """The type's default timeout in seconds (None: none); a job's own
+        timeout, when it has one, wins over it."""
+        return self._timeouts.get(job_type)
 
     def get(self, job_type: str) -> JobHandler | None:
         return self._handlers.get(job_type)

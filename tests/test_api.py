@@ -111,6 +111,16 @@ async def test_enqueue_then_read_the_job(client: httpx.AsyncClient, conn: asyncp
     assert job["started_at"] is None and job["completed_at"] is None
 
 
+async def test_a_timeout_is_kept_and_shown(client: httpx.AsyncClient,
+                                          conn: asyncpg.Connection) -> None:
+    timed, plain = await post_job(client, timeout=2.5), await post_job(client)
+    assert await conn.fetchval("SELECT timeout FROM jobs WHERE id = $1", timed) == 2.5
+    assert (await client.get(f"/jobs/{timed}")).json()["timeout"] == 2.5
+    assert (await client.get(f"/jobs/{plain}")).json()["timeout"] is None
+    listed = {j["id"]: j["timeout"] for j in (await client.get("/jobs")).json()["jobs"]}
+    assert listed == {str(timed): 2.5, str(plain): None}
+
+
 async def test_defaults_and_a_finished_job(client: httpx.AsyncClient, db_url: str) -> None:
     job_id = await post_job(client)
     await drain(db_url, registry=succeeding())
@@ -161,6 +171,11 @@ BIG = "x" * 1_000_001
         ({"job_type": "t", "unique_key": 42}, "must be a string"),
         ({"job_type": "t", "unique_key": "a\u0000"}, "NUL"),
         ({"job_type": "t", "unique_key": "\ud800"}, "surrogate"),
+        ({"job_type": "t", "timeout": 0}, "more than 0 and at most 31,536,000"),
+        ({"job_type": "t", "timeout": -3}, "more than 0"),
+        ({"job_type": "t", "timeout": 31_536_001}, "at most 31,536,000"),
+        ({"job_type": "t", "timeout": "30"}, "number of seconds"),
+        ({"job_type": "t", "timeout": True}, "number of seconds"),
     ],
 )
 async def test_bad_input_is_a_422_with_a_message(
@@ -185,6 +200,8 @@ async def test_bad_input_is_a_422_with_a_message(
         (b'{"job_type": "t", "payload": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400,
          "parsing the body"),
         (b'["t"]', 422, "valid dictionary"),
+        (b'{"job_type": "t", "timeout": NaN}', 422, "more than 0"),
+        (b'{"job_type": "t", "timeout": Infinity}', 422, "more than 0"),
     ],
 )
 async def test_bodies_python_or_postgresql_cannot_take_are_4xx(
@@ -594,7 +611,7 @@ async def test_openapi_schema_lists_the_routes(client: httpx.AsyncClient) -> Non
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     new_job = schema["components"]["schemas"]["NewJob"]
     assert set(new_job["properties"]) == {"job_type", "payload", "max_retries", "run_at",
-                                          "queue", "priority", "unique_key"}
+                                          "queue", "priority", "unique_key", "timeout"}
     assert new_job["required"] == ["job_type"]
     docs = await client.get("/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text

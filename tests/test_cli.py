@@ -85,6 +85,8 @@ async def test_run_at_schedules_the_job(db_url: str, conn: asyncpg.Connection) -
         (["queue", "limit", "mail", "--concurrency", "many"], "whole number or none"),
         (["queue", "limit", "mail", "--rate", "fast"], "must look like 20/s"),
         (["queue", "limit", "mail", "--concurrency", "2", "--rate", "5/d"], "must look like"),
+        (["enqueue", "t", "--timeout", "0"], "--timeout must be more than 0 and at most"),
+        (["enqueue", "t", "--timeout", "nan"], "--timeout must be more than 0"),
     ],
 )
 async def test_bad_input_is_one_line_and_writes_nothing(
@@ -150,6 +152,18 @@ async def test_migrate_creates_the_schema(server_url: str) -> None:
         assert again.returncode == 0 and "(already up to date)" in again.stdout
     finally:
         await db.drop_database(server_url, "jobqueue_cli_migrate")
+
+
+# -- job control: timeouts -----------------------------------------------------------
+
+
+async def test_enqueue_with_a_timeout_and_see_it(db_url: str, conn: asyncpg.Connection) -> None:
+    out = jobqueue("enqueue", "t", "--timeout", "90", url=db_url)
+    assert out.returncode == 0, out.stderr
+    job_id = uuid.UUID(out.stdout.strip())
+    assert await conn.fetchval("SELECT timeout FROM jobs WHERE id = $1", job_id) == 90.0
+    detail = jobqueue("status", str(job_id), "--json", url=db_url)
+    assert json.loads(detail.stdout)["timeout"] == 90.0
 
 
 # -- routing: queues, priorities, unique keys, pause and limits -------------------------

@@ -3,7 +3,7 @@
     jobqueue serve                          # 127.0.0.1:8000, DATABASE_URL or the embedded server
 
 - `POST /jobs` `{job_type, payload, max_retries, run_at, queue, priority,
-  unique_key}`: enqueue; 201 `{"id": …, "existed": false}`. With a unique key
+  unique_key, timeout}`: enqueue; 201 `{"id": …, "existed": false}`. With a unique key
   that an unfinished job already holds, nothing is written and the answer is
   200 `{"id": <that job>, "existed": true}` (Location: that job): the request
   did what it asked for (one such job exists), so it is no error, and a
@@ -29,7 +29,8 @@
 A malformed id is a 422, an unknown one a 404.
 
 Input is checked by the same functions as `enqueue()` and `jobqueue enqueue`
-(`check_job_type`, `encode_payload`, `check_max_retries`, `check_run_at`), so
+(`check_job_type`, `encode_payload`, `check_max_retries`, `check_run_at`,
+`check_timeout`, …), so
 all three accept and refuse the same jobs, and nothing PostgreSQL would reject
 reaches it: every mistake is a 4xx with a message, never a 500. The API cannot
 know which job types a worker somewhere handles, so a job type is refused only
@@ -101,6 +102,7 @@ from jobqueue.enqueue import (
     check_priority,
     check_queue,
     check_run_at,
+    check_timeout,
     check_unique_key,
     encode_payload,
     try_enqueue,
@@ -114,6 +116,7 @@ from jobqueue.schema.models import (
     JOB_TYPE_MAX_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    TIMEOUT_MAX,
     UNIQUE_KEY_MAX_LENGTH,
     JobStatus,
 )
@@ -156,7 +159,7 @@ class NewJob(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"job_type": "send_email", "payload": {"to": "a@example.com"}, "max_retries": 3,
          "run_at": "2030-01-01T09:00:00+00:00", "queue": "emails", "priority": 5,
-         "unique_key": "welcome:42"}]})
+         "unique_key": "welcome:42", "timeout": 30}]})
 
     job_type: str = Field(max_length=JOB_TYPE_MAX_LENGTH,
                           description="which handler runs it; 1 to 100 characters")
@@ -173,6 +176,9 @@ class NewJob(BaseModel):
     unique_key: str | None = Field(None, max_length=UNIQUE_KEY_MAX_LENGTH,
                                    description="while an unfinished job holds this key, "
                                                "no second one is made (200 with its id)")
+    timeout: float | None = Field(None, gt=0, le=TIMEOUT_MAX,
+                                  description="seconds one attempt may run before the worker "
+                                              "stops it; default: its type's, if any")
 
     # Each check runs on the raw JSON value, before pydantic would coerce it
     # ("3" to 3): the same rules as enqueue() and the CLI, with their messages.
@@ -211,6 +217,11 @@ class NewJob(BaseModel):
         key = check_unique_key(value)
         return None if key is None else _check_text(key, "unique_key")
 
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: object) -> float | None:
+        return check_timeout(value)
+
     @field_validator("run_at", mode="before")
     @classmethod
     def _run_at(cls, value: object) -> datetime | None:
@@ -243,6 +254,8 @@ class JobSummary(BaseModel):
     job_type: str
     queue: str
     priority: int
+    timeout: float | None = Field(description="seconds one attempt may run; null: none of "
+                                              "its own")
     status: JobStatus
     attempts: int = Field(description="failed attempts recorded, plus a running or "
                                       "successful one")
@@ -530,7 +543,7 @@ def create_router(
             job = await try_enqueue(conn, new.job_type, new.payload,
                                     max_retries=new.max_retries, run_at=new.run_at,
                                     queue=new.queue, priority=new.priority,
-                                    unique_key=new.unique_key)
+                                    unique_key=new.unique_key, timeout=new.timeout)
         response.headers["Location"] = str(request.url_for("jobqueue_get_job", job_id=job.id))
         if not job.created:
             response.status_code = 200

@@ -97,6 +97,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         check_priority,
         check_queue,
         check_run_at,
+        check_timeout,
         check_unique_key,
         encode_payload,
         try_enqueue,
@@ -120,6 +121,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         check_queue(args.queue)
         check_priority(args.priority)
         check_unique_key(args.unique_key)
+        check_timeout(args.timeout, "--timeout")
     except ValueError as e:
         raise CliError(str(e)) from None
 
@@ -132,7 +134,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 return await try_enqueue(conn, args.job_type, payload,
                                          max_retries=args.max_retries, run_at=run_at,
                                          queue=args.queue, priority=args.priority,
-                                         unique_key=args.unique_key)
+                                         unique_key=args.unique_key, timeout=args.timeout)
         finally:
             await engine.dispose()
 
@@ -471,6 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--unique-key", metavar="KEY",
                    help="while an unfinished job holds KEY, print its id instead of "
                         "enqueuing another")
+    s.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="seconds one attempt may run before the worker stops it "
+                        "(default: its type's, if any)")
     s.set_defaults(func=cmd_enqueue)
 
     s = add("worker", help="run jobs until SIGTERM or SIGINT")

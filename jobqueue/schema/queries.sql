@@ -10,10 +10,12 @@
 -- unique key already held by an unfinished job, nothing is written and no row
 -- comes back (the partial unique index decides, so concurrent enqueues of one
 -- key cannot both insert; a second one waits for the first to commit or roll
--- back). `find_unique` then names the job that holds the key.
-INSERT INTO jobs (job_type, payload, max_retries, run_at, queue, priority, unique_key)
+-- back). `find_unique` then names the job that holds the key. NULL :timeout:
+-- none of its own (the worker then applies its type's default, if any).
+INSERT INTO jobs (job_type, payload, max_retries, run_at, queue, priority, unique_key, timeout)
 VALUES (:job_type, CAST(:payload AS jsonb), :max_retries,
-        COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority, :unique_key)
+        COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority, :unique_key,
+        CAST(:timeout AS float8))
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'processing', 'retrying')
     DO NOTHING
@@ -31,9 +33,10 @@ WITH new AS (
     SELECT gen_random_uuid() AS id, payload, n
     FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS t(payload, n)
 ), inserted AS (
-    INSERT INTO jobs (id, job_type, payload, max_retries, run_at, queue, priority)
+    INSERT INTO jobs (id, job_type, payload, max_retries, run_at, queue, priority, timeout)
     SELECT id, :job_type, CAST(payload AS jsonb), :max_retries,
-           COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority
+           COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority,
+           CAST(:timeout AS float8)
     FROM new
 )
 SELECT id FROM new ORDER BY n;
@@ -399,8 +402,8 @@ ORDER BY started_at;
 
 -- get_job --
 -- One job, everything about it.
-SELECT id, job_type, queue, priority, unique_key, payload, status, retry_count, max_retries,
-       next_retry_at, run_at,
+SELECT id, job_type, queue, priority, unique_key, timeout, payload, status, retry_count,
+       max_retries, next_retry_at, run_at,
        error_message, error_history, result, created_at, started_at, completed_at, worker_id
 FROM jobs
 WHERE id = :id;
@@ -412,7 +415,7 @@ WHERE id = :id;
 -- pagination: (:before_created_at, :before_id) is the last row of the previous
 -- page (NULL for the first), so a deep page costs what the first one does and
 -- jobs added meanwhile never shift a page (each job shows up once).
-SELECT id, job_type, queue, priority, status, retry_count, max_retries, run_at,
+SELECT id, job_type, queue, priority, timeout, status, retry_count, max_retries, run_at,
        next_retry_at, error_message, created_at, started_at, completed_at,
        jsonb_array_length(error_history)
            + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts
@@ -529,7 +532,7 @@ LIMIT :limit;
 -- One job for the HTTP API, with its attempts (failed ones recorded, plus a
 -- running or successful one). The JSON columns come as text and go into the
 -- response as they are: no parsing, however large or deeply nested.
-SELECT id, job_type, queue, priority, unique_key, status,
+SELECT id, job_type, queue, priority, unique_key, timeout, status,
        jsonb_array_length(error_history)
            + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts,
        retry_count, max_retries, run_at, next_retry_at, error_message,
