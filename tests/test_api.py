@@ -359,7 +359,8 @@ async def test_cancel_a_job_that_has_not_started(client: httpx.AsyncClient, db_u
     assert report["processed"] == 0 and report["failed"] == 0
     again = await client.delete(f"/jobs/{plain}")
     assert again.status_code == 409 and again.json()["detail"] == (
-        f"job {plain} is failed; only pending or retrying jobs can be cancelled")
+        f"job {plain} is failed; it has finished, so there is nothing to cancel")
+    assert (await client.delete(f"/jobs/{uuid.uuid4()}")).status_code == 404
 
     # A cancelled job is a failed one: it can be run again.
     assert (await client.post(f"/jobs/{plain}/retry")).json()["status"] == "pending"
@@ -375,16 +376,47 @@ async def test_cancel_a_retrying_job(client: httpx.AsyncClient, db_url: str) -> 
     assert len(job["error_history"]) == 1  # the real attempt, and nothing for the cancel
 
 
-async def test_a_claimed_job_cannot_be_cancelled(client: httpx.AsyncClient,
-                                                 conn: asyncpg.Connection) -> None:
-    job_id = await post_job(client)
+async def claim(conn: asyncpg.Connection, job_id: uuid.UUID) -> None:
+    """Play a worker that has claimed the job (it shows `processing`)."""
     claimed = await queries["claim"].fetch(conn, limit=1, worker_id=42, queue="default",
-                                           job_types=["t"])  # a worker took it
+                                           job_types=["t"])
     assert [r["id"] for r in claimed] == [job_id]
-    response = await client.delete(f"/jobs/{job_id}")
-    assert response.status_code == 409 and "is processing" in response.text
-    row = await conn.fetchrow("SELECT status, error_message FROM jobs WHERE id = $1", job_id)
-    assert tuple(row) == ("processing", None)
+
+
+async def test_cancel_a_running_job_asks_its_worker_and_says_it_is_still_running(
+        make_client: Callable[..., httpx.AsyncClient], conn: asyncpg.Connection) -> None:
+    async with make_client(cancel_wait=0.3) as client:
+        job_id = await post_job(client)
+        await claim(conn, job_id)
+        asked = asyncio.Queue[str]()
+        await conn.add_listener("jobqueue", lambda _c, _p, _ch, payload: asked.put_nowait(payload))
+        response = await client.delete(f"/jobs/{job_id}", params={"reason": "too slow"})
+        assert response.status_code == 202, response.text
+        job = response.json()
+        assert job["cancelling"] is True and job["status"] == "processing"
+        assert job["error_message"] is None  # the job is its worker's to end
+        assert await asyncio.wait_for(asked.get(), 5) == f"cancel:{job_id}"
+
+
+async def test_cancel_a_running_job_that_its_worker_stops(
+        make_client: Callable[..., httpx.AsyncClient], conn: asyncpg.Connection) -> None:
+    """The test plays the worker: when it hears the request, it records the
+    job failed `cancelled` with `fail`, as the worker does; the API, waiting,
+    answers 200 with the job as it ended."""
+    async with make_client(cancel_wait=30) as client:
+        job_id = await post_job(client)
+        await claim(conn, job_id)
+        asked = asyncio.Queue[str]()
+        await conn.add_listener("jobqueue", lambda _c, _p, _ch, payload: asked.put_nowait(payload))
+        deleting = asyncio.create_task(client.delete(f"/jobs/{job_id}"))
+        assert await asyncio.wait_for(asked.get(), 10) == f"cancel:{job_id}"
+        await queries["fail"].fetch(conn, ids=[job_id], errors=["cancelled"], delays=[0.0],
+                                    retry=[False], worker_id=42, taken=False)
+        response = await asyncio.wait_for(deleting, 10)
+        assert response.status_code == 200, response.text
+        job = response.json()
+        assert job["status"] == "failed" and job["error_message"] == "cancelled"
+        assert "cancelling" not in job
 
 
 @pytest.mark.parametrize(("reason", "message"),
