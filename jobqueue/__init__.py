@@ -33,7 +33,7 @@ from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry, JobHandler, handlers
 from jobqueue.retry import RetryPolicy
 from jobqueue.schema.models import Job, JobStatus
-from jobqueue.worker import JobRunner, current_job
+from jobqueue.worker import JobRunner, Snooze, current_job
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,7 @@ __all__ = [
     "JobRunner",
     "JobStatus",
     "RetryPolicy",
+    "Snooze",
     "control",
     "current_job",
     "enqueue",

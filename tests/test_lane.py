@@ -25,7 +25,7 @@ def lane(per_job: float | None = None, savepoints_per_job: float = 0.0, **settin
 
     life = Life(worker_id=1, registry=HandlerRegistry(), stats=WorkerStats(),
                 isolated_types=set(), wake=asyncio.Event(), stop=asyncio.Event(),
-                abandon=asyncio.Event(), hand_back=hand_back,
+                abandon=asyncio.Event(), hand_back=hand_back, cancel_statement=hand_back,
                 book=QueueBook(1.0), job_types=[])
     made = Lane(WorkerConfig(**settings), life, engine=None, number=0)  # type: ignore[arg-type]
     made.per_job, made.savepoints_per_job = per_job, savepoints_per_job

@@ -19,8 +19,9 @@ WORKER_LOCK_CLASS = 74_172
 QUEUE_LOCK_CLASS = 74_173
 #: The channel new jobs are announced on (a trigger on `jobs` notifies it).
 CHANNEL = "jobqueue"
-#: Payload on CHANNEL asking the worker that runs a job to stop it:
-#: `cancel:<job id>` (`queries.sql: cancel`).
+#: A notification on CHANNEL whose payload is this prefix and a job's id asks
+#: the worker running that job to stop it (`jobqueue cancel`, `DELETE /jobs/{id}`;
+#: `queries.sql: cancel` sends it).
 CANCEL_PREFIX = "cancel:"
 #: The channel a finished job is announced on, its id as the payload, when a
 #: caller of `jobqueue.wait()` waits for it (`complete`, `fail`, `cancel`).

@@ -67,7 +67,8 @@ UPDATE jobs AS j
 SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
 FROM due
 WHERE j.id = due.id
-RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j.max_retries;
+RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j.max_retries,
+          j.timeout;
 
 -- take --
 -- Lock up to :limit due jobs inside the batch's own transaction without
@@ -75,7 +76,7 @@ RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j
 -- one new row version per job instead of two. The lock keeps other workers
 -- off until the commit; a crash rolls back and releases them untouched.
 -- What it may take is what `claim` may (the same queue, types and gate).
-SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout
 FROM jobs
 WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
   AND job_type = ANY(CAST(:job_types AS text[]))
@@ -129,7 +130,7 @@ WITH q AS (
     FROM due
     WHERE j.id = due.id
     RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
-              j.max_retries
+              j.max_retries, j.timeout
 ), counted AS (
     UPDATE jobqueue_queues AS s
     SET window_start = q.window_now,
@@ -176,7 +177,7 @@ SELECT name, paused, concurrency, rate_limit, rate_period FROM jobqueue_queues;
 -- Lock given jobs again, if still waiting and due (a quick batch that could
 -- not commit is rerun one job per transaction; meanwhile another worker may
 -- have tried one and scheduled its retry for later).
-SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout
 FROM jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
   AND run_at <= now()
@@ -247,6 +248,25 @@ RETURNING j.id,
           CASE WHEN NOT d.retry AND EXISTS (SELECT FROM jobqueue_waiters)
                     AND EXISTS (SELECT FROM jobqueue_waiters AS w WHERE w.job_id = j.id)
                THEN pg_notify('jobqueue_done', CAST(j.id AS text)) END AS told;
+
+-- snooze --
+-- Jobs whose handlers asked to run again later (`Snooze`): due after their
+-- delay, waiting as they were before the attempt, which is not counted
+-- (:taken as in `complete`).
+UPDATE jobs AS j
+SET status = CASE WHEN j.retry_count > 0 THEN 'retrying' ELSE 'pending' END,
+    run_at = statement_timestamp() + make_interval(secs => d.delay),
+    started_at = NULL, worker_id = NULL
+FROM unnest(CAST(:ids AS uuid[]), CAST(:delays AS float8[])) AS d(id, delay)
+WHERE j.id = d.id
+  AND CASE WHEN :taken THEN j.status IN ('pending', 'retrying')
+           ELSE j.status = 'processing' AND j.worker_id = :worker_id END
+RETURNING j.id;
+
+-- cancel_statement --
+-- Stop the statement a lane's backend is running (a handler being stopped:
+-- its timeout, a cancel), from another connection; the backend carries on.
+SELECT pg_cancel_backend(:pid);
 
 -- hand_back --
 -- Return claimed jobs that did not run (shutdown, a lost transaction) to the

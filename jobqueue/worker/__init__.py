@@ -6,7 +6,8 @@ each batch (`Plan`) and holds its jobs one of two ways (`batch`: taken or
 claimed, each with its own hand-back rule) from the queues it serves, in
 turn (`book`: which queues have waiting jobs, which are paused or
 limited); `handler` is what a handler sees
-(its session and the hooks behind it, `current_job()`); `upkeep` keeps the
+(its session and the hooks behind it, `current_job()`, `Snooze`);
+`interrupt` stops one running handler (its timeout, a cancel); `upkeep` keeps the
 worker alive and the queue clean (heartbeat and fencing, rescue and
 pruning); `stats` counts. Every part is given a `WorkerConfig` (`config`)
 and the few things it needs, never the runner.
@@ -19,7 +20,7 @@ from jobqueue.worker.config import (
     SAVEPOINT_MODES,
     WorkerConfig,
 )
-from jobqueue.worker.handler import current_job
+from jobqueue.worker.handler import Snooze, current_job
 from jobqueue.worker.runner import JobRunner
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "SAVEPOINT_MODES",
     "WORKER_LOCK_CLASS",
     "JobRunner",
+    "Snooze",
     "WorkerConfig",
     "current_job",
 ]

@@ -132,27 +132,34 @@ class LostOwnership(Exception):
 
 class Rerun(Exception):
     """A plain job's writes cannot be undone alone: the batch must run again,
-    isolated. `error`: the job's failed attempt (None: it succeeded but its
-    session rolled back after writing, so it runs again too)."""
+    isolated. `outcome`: the job's own, kept for the rerun (a failed attempt,
+    a snooze); None: it succeeded but its session rolled back after writing,
+    so it runs again too."""
 
-    def __init__(self, job: ClaimedJob, error: str | None) -> None:
-        super().__init__(error)
+    def __init__(self, job: ClaimedJob, outcome: Decided | None) -> None:
+        super().__init__(None if outcome is None else outcome.value)
         self.job = job
-        self.error = error
+        self.outcome = outcome
         #: Filled in by `Lane._run_jobs`: what the rerun keeps, and how many
         #: jobs that already ran must run again (they wrote, and it was lost).
         self.decided: dict[uuid.UUID, Decided] = {}
         self.again = 0
 
 
-class Decided(NamedTuple):
-    """An outcome a rerun of the batch records without running the job again:
-    a success that never touched the database (nothing of it was rolled back),
-    or a failure (its writes are gone either way). `logged`: said already."""
+DONE, FAILED, SNOOZED = "done", "failed", "snoozed"
 
-    failed: bool
+
+class Decided(NamedTuple):
+    """An outcome recorded without running the job (again): in a rerun of the
+    batch, a success that never touched the database (nothing of it was
+    rolled back), a failure or a snooze (its writes are gone either way); or
+    a job cancelled before it started. `logged`: said already."""
+
+    kind: str  # DONE, FAILED or SNOOZED
     value: str | None  # the encoded result, or the error
     seconds: float | None  # handler time, for a success
+    retry: bool  # a failure: tried again (else failed for good)
+    delay: float  # a failure's backoff, or a snooze's
     logged: bool
 
 
@@ -167,6 +174,8 @@ class Outcomes:
     errors: list[str] = field(default_factory=list)
     delays: list[float] = field(default_factory=list)
     retry: list[bool] = field(default_factory=list)
+    snoozed_ids: list[uuid.UUID] = field(default_factory=list)
+    snoozes: list[float] = field(default_factory=list)
     not_started: list[uuid.UUID] = field(default_factory=list)
 
     def success(self, job_id: uuid.UUID, result: str | None, seconds: float) -> None:
@@ -180,24 +189,40 @@ class Outcomes:
         self.retry.append(retry)
         self.delays.append(delay)
 
+    def snooze(self, job_id: uuid.UUID, seconds: float) -> None:
+        self.snoozed_ids.append(job_id)
+        self.snoozes.append(seconds)
+
+    def add(self, job_id: uuid.UUID, outcome: Decided) -> None:
+        if outcome.kind == DONE:
+            self.success(job_id, outcome.value, outcome.seconds or 0.0)
+        elif outcome.kind == FAILED:
+            self.failure(job_id, outcome.value or "", outcome.retry, outcome.delay)
+        else:
+            self.snooze(job_id, outcome.delay)
+
 
 def decided_of(out: Outcomes, touched_ids: set[uuid.UUID], rerun: Rerun
                ) -> tuple[dict[uuid.UUID, Decided], int]:
-    """What a rerun keeps of a batch's first run (`out`): every failure (its
-    writes are gone either way: it had none, or its savepoint took them back)
-    and the successes that never touched the database; and the culprit's own
-    failure. Also how many successes wrote and must run again."""
-    kept = {job_id: Decided(True, error, None, True)
-            for job_id, error in zip(out.failed_ids, out.errors, strict=True)}
+    """What a rerun keeps of a batch's first run (`out`): every failure and
+    snooze (their writes are gone either way: they had none, or their
+    savepoints took them back) and the successes that never touched the
+    database; and the culprit's own outcome. Also how many successes wrote
+    and must run again."""
+    kept = {job_id: Decided(FAILED, error, None, retry, delay, True)
+            for job_id, error, retry, delay in zip(out.failed_ids, out.errors, out.retry,
+                                                   out.delays, strict=True)}
+    kept.update({job_id: Decided(SNOOZED, None, None, False, seconds, True)
+                 for job_id, seconds in zip(out.snoozed_ids, out.snoozes, strict=True)})
     again = 0
     for job_id, result, seconds in zip(out.done_ids, out.results, out.handler_times,
                                        strict=True):
         if job_id in touched_ids:
             again += 1
         else:
-            kept[job_id] = Decided(False, result, seconds, True)
-    if rerun.error is not None:
-        kept[rerun.job.id] = Decided(True, rerun.error, None, False)
+            kept[job_id] = Decided(DONE, result, seconds, False, 0.0, True)
+    if rerun.outcome is not None:
+        kept[rerun.job.id] = rerun.outcome
     else:
         again += 1  # the culprit itself: it succeeded, but its rollback must be honoured
     return kept, again

@@ -51,7 +51,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
 from jobqueue.enqueue import check_strings
-from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
+from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, TIMEOUT_MAX
 from jobqueue.schema.queries import queries
 
 #: Most savepoints one batch transaction may open: PostgreSQL's per-backend
@@ -66,6 +66,8 @@ JOB_SAVEPOINT = "jobqueue_job_savepoint"  # an isolated job's savepoint is open
 TOUCHED = "jobqueue_touched"  # the running job's handler sent a statement
 UNDO = "jobqueue_undo"  # a plain job's session rolled back after writing: undo impossible
 COMMITTED = "jobqueue_committed"  # the handler committed the session's connection itself
+INTERRUPT = "jobqueue_interrupt"  # why the running handler is being stopped (interrupt.py)
+IN_STATEMENT = "jobqueue_in_statement"  # a statement of the handler is on its way
 ISOLATED, PLAIN = "isolated", "plain"
 #: Key in a lane session's `info` dict: a handler is running.
 IN_HANDLER = "jobqueue_in_handler"
@@ -79,6 +81,7 @@ class ClaimedJob(NamedTuple):
     payload: str
     retry_count: int
     max_retries: int
+    timeout: float | None  # the job's own (seconds); None: its type's, if any
 
     @property
     def attempt(self) -> int:
@@ -122,6 +125,24 @@ def encode_result(result: Any) -> str | None:
     return encoded
 
 
+class Snooze(Exception):  # noqa: N818 (a request, not an error: the name DESIGN.md pins)
+    """Raise it in a handler to run the job again later: `raise Snooze(30)`.
+
+    The attempt does not count: the job is due again in `seconds`, its retry
+    count unchanged, and whatever the handler wrote rolls back as for a
+    failure. For work that is not ready yet (a file still uploading, a
+    partner's rate limit), where a failure would burn a retry and a backoff
+    would guess the wait.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+                or not 0 <= seconds <= TIMEOUT_MAX):
+            raise ValueError(f"Snooze takes seconds from 0 to {TIMEOUT_MAX:,}, got {seconds!r}")
+        super().__init__(seconds)
+        self.seconds = float(seconds)
+
+
 class HandlerError(RuntimeError):
     """A handler left its session in a state the next job cannot start from."""
 
@@ -130,6 +151,11 @@ class HandlerCommitError(RuntimeError):
     """A handler called commit() on its session. Its writes must commit with
     the job's completion, or a failure after the commit would leave them
     committed and the retry would write them again."""
+
+
+class JobInterrupted(Exception):
+    """The running handler is being stopped (its timeout, a cancel): its
+    statements fail before they are sent (`interrupt.py`)."""
 
 
 class SwallowedDatabaseError(Exception):
@@ -151,6 +177,7 @@ def lane_engine(url: str, lanes: int, application_name: str) -> AsyncEngine:
         connect_args={"server_settings": {"application_name": application_name}})
     sync = engine.sync_engine
     event.listen(sync, "before_cursor_execute", _before_statement)
+    event.listen(sync, "after_cursor_execute", _after_statement)
     event.listen(sync, "rollback", _roll_back_job)
     event.listen(sync, "commit", _note_commit)
     event.listen(sync, "savepoint", _count_savepoint)
@@ -224,11 +251,19 @@ def _before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
     job = info.get(JOB)
     if job is None:
         return
+    if info.get(INTERRUPT):
+        raise JobInterrupted(info[INTERRUPT])
     info[TOUCHED] = True
     if job == ISOLATED and not info[JOB_SAVEPOINT]:
         _simple(conn, queries["job_savepoint"].sql)
         info[JOB_SAVEPOINT] = True
         info[SAVEPOINTS] = info.get(SAVEPOINTS, 0) + 1
+    info[IN_STATEMENT] = True
+
+
+def _after_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
+                     context: Any, executemany: bool) -> None:
+    conn.info[IN_STATEMENT] = False
 
 
 def _roll_back_job(conn: Any) -> None:
@@ -267,6 +302,7 @@ def _mark_db_error(context: Any) -> None:
     returns is failed: `SwallowedDatabaseError`)."""
     if context.connection is not None:
         context.connection.info[DB_ERROR] = True
+        context.connection.info[IN_STATEMENT] = False
 
 
 def _simple(conn: Any, sql: str) -> None:

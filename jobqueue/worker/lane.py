@@ -48,11 +48,14 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from jobqueue.errors import is_connection_error, one_line
-from jobqueue.registry import HandlerRegistry
+from jobqueue.registry import HandlerRegistry, JobHandler
 from jobqueue.schema.queries import queries
 from jobqueue.worker.batch import (
     CLAIMED,
+    DONE,
+    FAILED,
     LIMITED,
+    SNOOZED,
     TAKEN,
     BatchKind,
     Decided,
@@ -72,6 +75,8 @@ from jobqueue.worker.handler import (
     ClaimedJob,
     HandlerCommitError,
     HandlerError,
+    JobInterrupted,
+    Snooze,
     SwallowedDatabaseError,
     _current_job,
     connection_committed,
@@ -85,6 +90,7 @@ from jobqueue.worker.handler import (
     touched,
     undo_impossible,
 )
+from jobqueue.worker.interrupt import CANCELLED, Stopper
 from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.worker")
@@ -119,6 +125,8 @@ class Life:
     abandon: asyncio.Event
     #: Return claimed jobs to the queue on the worker's monitor connection.
     hand_back: Callable[[list[uuid.UUID] | None], Awaitable[int]]
+    #: Cancel the statement a backend runs (by pid), from the monitor connection.
+    cancel_statement: Callable[[int], Awaitable[Any]]
     #: The queues as this worker last saw them (waiting jobs, settings).
     book: QueueBook
     #: The job types it has handlers for: the only ones it claims.
@@ -159,6 +167,11 @@ class Lane:
         #: SAVEPOINT_LIMIT.
         self.savepoints_per_job = 0.0
         self.savepoint_peak: dict[str, int] = {}
+        #: The jobs of the batch running now, and those of them cancelled
+        #: before they started; what stops the running handler.
+        self.batch: list[ClaimedJob] = []
+        self.cancels: set[uuid.UUID] = set()
+        self.stopper: Stopper | None = None
 
     async def run(self) -> None:
         """Work until the worker stops. A lost connection is not reopened here:
@@ -181,6 +194,16 @@ class Lane:
     @property
     def stopping(self) -> bool:
         return self.life.stop.is_set()
+
+    def interrupt(self, job_id: uuid.UUID, reason: str) -> bool:
+        """Stop job `job_id` if this lane holds it (True): its handler, if it
+        is running (`interrupt.py`), or the job before it starts."""
+        if self.stopper is not None and self.stopper.stop(job_id, reason):
+            return True
+        if any(job.id == job_id for job in self.batch):
+            self.cancels.add(job_id)
+            return True
+        return False
 
     def cut(self) -> None:
         """Close the connection at once (abandoning: its transaction rolls back)."""
@@ -215,6 +238,9 @@ class Lane:
         # sends no SQL; each job's savepoint comes from the engine's hooks.
         session = AsyncSession(bind=conn, expire_on_commit=False)
         event.listen(session.sync_session, "before_commit", refuse_handler_commit)
+        self.stopper = Stopper(conn.info, session.info, self.life.cancel_statement)
+        self.stopper.task = asyncio.current_task()
+        self.stopper.pid = self.raw.get_server_pid()
         try:
             while not self.stopping:
                 wake.clear()
@@ -247,7 +273,11 @@ class Lane:
             if started is not None:
                 self.turn = (self.turn + step + 1) % len(queues)
                 tx, jobs = started
-                await self._run_batch(conn, session, tx, jobs, batch)
+                try:
+                    await self._run_batch(conn, session, tx, jobs, batch)
+                finally:
+                    self.batch = []
+                    self.cancels.clear()
                 return True
         self.tried = set(queues)
         return False
@@ -358,14 +388,18 @@ class Lane:
         start_transaction(info)
         for job in jobs:
             if job.id in decided:
-                self._record_decided(job, decided[job.id], out)
-        todo = [job for job in jobs if job.id not in decided]
+                self._note(job, decided[job.id], out)
+        todo = self.batch = [job for job in jobs if job.id not in decided]
+        cancels = self.cancels
         touched_ids: set[uuid.UUID] = set()
         started, ran = time.perf_counter(), 0
-        for job in todo:
+        for n, job in enumerate(todo):
             if stop.is_set() or (ran and self._full(taken, started, info[SAVEPOINTS], job)):
-                out.not_started = [job.id for job in todo[ran:]]
+                out.not_started = [job.id for job in todo[n:]]
                 break
+            if cancels and job.id in cancels:  # cancelled while it waited in the batch
+                self._note(job, self._failure(job, CANCELLED, final=True), out)
+                continue
             opened = info[SAVEPOINTS]
             try:
                 await self._run_one(conn, session, job, out, info, session_info,
@@ -381,12 +415,6 @@ class Lane:
             ran += 1
         if ran:
             self._pace(time.perf_counter() - started, ran, info[SAVEPOINTS])
-
-    def _record_decided(self, job: ClaimedJob, outcome: Decided, out: Outcomes) -> None:
-        if not outcome.failed:
-            out.success(job.id, outcome.value, outcome.seconds or 0.0)
-        else:
-            self._fail(job, outcome.value or "", out, None, log=not outcome.logged)
 
     async def _after_batch_error(self, conn: AsyncConnection, session: AsyncSession,
                                  jobs: list[ClaimedJob], batch: BatchKind, exc: Exception,
@@ -446,7 +474,7 @@ class Lane:
                        "savepoint (%d job(s) that ran already run a second time, %d kept "
                        "as they were); %s jobs run in savepoints from now on",
                        culprit.id, culprit.job_type,
-                       "failed" if rerun.error else "rolled its session back", rerun.again,
+                       _what_happened(rerun.outcome), rerun.again,
                        len(rerun.decided), culprit.job_type,
                        extra={"event": "batch_rerun", "job_id": str(culprit.id),
                               "job_type": culprit.job_type, "jobs": len(jobs),
@@ -460,22 +488,24 @@ class Lane:
                        out: Outcomes, info: dict[Any, Any], session_info: dict[Any, Any],
                        isolated: bool) -> None:
         """Run one job's handler and note its outcome in `out`. Raises Rerun
-        when a plain job's writes cannot be undone alone."""
+        when a plain job's writes cannot be undone alone.
+
+        A handler that raises `Snooze` is due again later, its attempt not
+        counted; one stopped by its timeout fails like any failure; one
+        cancelled fails for good. Either way its writes roll back alone."""
         handler = self.registry.get(job.job_type)
         if handler is None:
             # Claimed for a handler that is gone (removed since the claim): a
             # failed attempt, retried, for a worker that still has it.
-            self._fail(job, f"no handler registered for job type {job.job_type!r}", out, None)
+            self._note(job, self._failure(
+                job, f"no handler registered for job type {job.job_type!r}"), out)
             return
         started = time.perf_counter()
         token = _current_job.set(job)
         start_job(info, isolated)
+        stopped: list[str] = []  # why it was stopped, if it was
         try:
-            session_info[IN_HANDLER] = True
-            try:
-                result = await handler(session, json.loads(job.payload))
-            finally:
-                session_info[IN_HANDLER] = False
+            result = await self._call(handler, session, job, session_info, stopped)
             encoded = await self._returned(session, info, job, result)
         except Rerun:
             raise
@@ -486,12 +516,13 @@ class Lane:
             await roll_back_job(self.raw, info)
             if is_connection_error(exc) and self._connection_lost(conn):
                 raise  # not the job's fault: the whole batch goes back
+            outcome = self._outcome_of(job, exc, stopped, time.perf_counter() - started)
             if not isolated and touched(info):
                 # Before the batch rolls back and frees its jobs: another lane
                 # that takes this type meanwhile must already isolate it.
                 self.isolated_types.add(job.job_type)
-                raise Rerun(job, error_text(exc)) from exc
-            self._fail(job, error_text(exc), out, time.perf_counter() - started)
+                raise Rerun(job, outcome) from exc
+            self._note(job, outcome, out)
         else:
             out.success(job.id, encoded, time.perf_counter() - started)
         finally:
@@ -499,6 +530,41 @@ class Lane:
             _current_job.reset(token)
             if session.identity_map:
                 session.expunge_all()
+
+    async def _call(self, handler: JobHandler, session: AsyncSession, job: ClaimedJob,
+                    session_info: dict[Any, Any], stopped: list[str]) -> Any:
+        """The handler's result, run so that its timeout or a cancel can stop it
+        (`interrupt.py`); a stop is raised as JobInterrupted even if the
+        handler swallowed it, and its reason is put in `stopped`."""
+        stopper = self.stopper
+        assert stopper is not None
+        stopper.start(job.id, job.timeout)
+        session_info[IN_HANDLER] = True
+        try:
+            result = await handler(session, json.loads(job.payload))
+        except asyncio.CancelledError:
+            if stopper.reason is None or self.life.abandon.is_set():
+                raise  # the worker is cutting its lanes off: not this job's stop
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            result = None
+        finally:
+            session_info[IN_HANDLER] = False
+            reason = await stopper.finish()
+            if reason is not None:  # whatever the handler raised on its way out
+                stopped.append(reason)
+        if reason is not None:
+            raise JobInterrupted(reason)
+        return result
+
+    def _outcome_of(self, job: ClaimedJob, exc: Exception, stopped: list[str],
+                    seconds: float) -> Decided:
+        """What a handler's exception makes of its attempt: stopped by its
+        timeout (a failure) or a cancel (failed for good), a snooze, or a failure."""
+        if stopped:
+            return self._failure(job, stopped[0], final=stopped[0] == CANCELLED, seconds=seconds)
+        if isinstance(exc, Snooze):
+            return Decided(SNOOZED, None, seconds, False, exc.seconds, False)
+        return self._failure(job, error_text(exc), seconds=seconds)
 
     async def _returned(self, session: AsyncSession, info: dict[Any, Any], job: ClaimedJob,
                         result: Any) -> str | None:
@@ -521,22 +587,37 @@ class Lane:
             raise Rerun(job, None)
         return encoded
 
-    def _fail(self, job: ClaimedJob, error: str, out: Outcomes, seconds: float | None,
-              log: bool = True) -> None:
-        """Note a failed attempt: retried after its backoff, or failed for good."""
-        retry = job.retry_count < job.max_retries
+    def _failure(self, job: ClaimedJob, error: str, final: bool = False,
+                 seconds: float | None = None) -> Decided:
+        """A failed attempt: retried after its backoff, or failed for good
+        (`final`: whatever retries are left)."""
+        retry = not final and job.retry_count < job.max_retries
         delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
-        out.failure(job.id, error, retry=retry, delay=delay)
-        if not log:
+        return Decided(FAILED, error, seconds, retry, delay, False)
+
+    def _note(self, job: ClaimedJob, outcome: Decided, out: Outcomes) -> None:
+        """Add a job's outcome to its batch's, and say what became of it
+        (once: a rerun's kept outcomes were said the first time)."""
+        out.add(job.id, outcome)
+        if outcome.logged or outcome.kind == DONE:
             return
+        seconds = outcome.seconds
+        duration = None if seconds is None else round(seconds * 1000, 3)
+        if outcome.kind == SNOOZED:
+            logger.info("job %s (%s) attempt %d snoozed for %gs", job.id, job.job_type,
+                        job.attempt, outcome.delay,
+                        extra={"event": "job_snoozed", "job_id": str(job.id),
+                               "job_type": job.job_type, "attempt": job.attempt,
+                               "duration_ms": duration, "worker_id": self.worker_id,
+                               "snooze_s": outcome.delay})
+            return
+        retry, delay, error = outcome.retry, outcome.delay, outcome.value
         logger.warning("job %s (%s) attempt %d failed%s: %s", job.id, job.job_type,
                        job.attempt, f", retry in {delay:.2f}s" if retry else "", error,
                        extra={"event": "job_failed", "job_id": str(job.id),
                               "job_type": job.job_type, "attempt": job.attempt,
-                              "duration_ms": None if seconds is None else round(seconds * 1000,
-                                                                                3),
-                              "worker_id": self.worker_id, "retry": retry,
-                              "retry_in_s": round(delay, 3) if retry else None,
+                              "duration_ms": duration, "worker_id": self.worker_id,
+                              "retry": retry, "retry_in_s": round(delay, 3) if retry else None,
                               "error": error})
 
     def _log_completed(self, jobs: list[ClaimedJob], out: Outcomes) -> None:
@@ -570,10 +651,22 @@ class Lane:
                 retry=out.retry, worker_id=worker_id, taken=taken)
             if len(rows) != len(out.failed_ids):
                 raise LostOwnership
+        if out.snoozed_ids:
+            rows = await queries["snooze"].fetch(
+                raw, ids=out.snoozed_ids, delays=out.snoozes, worker_id=worker_id, taken=taken)
+            if len(rows) != len(out.snoozed_ids):
+                raise LostOwnership
         unfinished = batch.to_hand_back(out.not_started)
         if unfinished:
             await queries["hand_back"].fetch(raw, ids=unfinished, worker_id=worker_id)
         return latencies
+
+
+def _what_happened(outcome: Decided | None) -> str:
+    """A rerun's culprit, in words."""
+    if outcome is None:
+        return "rolled its session back"
+    return "snoozed" if outcome.kind == SNOOZED else "failed"
 
 
 def _pending(session: Any) -> bool:

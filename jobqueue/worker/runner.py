@@ -47,12 +47,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobqueue import db
 from jobqueue.errors import Backoff, is_connection_error, one_line
 from jobqueue.registry import HandlerRegistry, handlers
-from jobqueue.schema.locks import ACTIVE_KEY, CHANNEL, LOCK_CLASS, WORKER_LOCK_CLASS
+from jobqueue.schema.locks import (
+    ACTIVE_KEY,
+    CANCEL_PREFIX,
+    CHANNEL,
+    LOCK_CLASS,
+    WORKER_LOCK_CLASS,
+)
 from jobqueue.schema.queries import queries
 from jobqueue.worker import upkeep
 from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.handler import lane_engine
+from jobqueue.worker.interrupt import CANCELLED
 from jobqueue.worker.lane import Lane, Life
 from jobqueue.worker.stats import WorkerStats
 from jobqueue.worker.upkeep import Fenced, Heartbeat, Leader, rescue
@@ -115,6 +122,7 @@ class JobRunner:
         self._active = asyncio.Event()
         self._monitor: asyncpg.Connection | None = None
         self._connections: list[asyncpg.Connection] = []  # this life's own (not the lanes')
+        self._lanes: list[Lane] = []  # this life's, while they work
 
     # -- control from outside -------------------------------------------------
 
@@ -309,9 +317,10 @@ class JobRunner:
         life = Life(worker_id=self.worker_id, registry=self.registry, stats=self.stats,
                     isolated_types=self.isolated_types, wake=self.wake,
                     stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back,
+                    cancel_statement=self.cancel_statement,
                     book=self.book, job_types=self.job_types)
-        lanes = [Lane(self.config, life, engine, n, serves)
-                 for n, serves in enumerate(self.config.lane_queues)]
+        lanes = self._lanes = [Lane(self.config, life, engine, n, serves)
+                                for n, serves in enumerate(self.config.lane_queues)]
         tasks = [asyncio.create_task(lane.run()) for lane in lanes]
         all_lanes: asyncio.Future[list[None]] = asyncio.gather(*tasks)
         summaries = asyncio.create_task(self._log_summaries())
@@ -330,6 +339,7 @@ class JobRunner:
             else:
                 await all_lanes  # re-raises a lane's unexpected error
         finally:
+            self._lanes = []
             for task in (*tasks, summaries):
                 task.cancel()
             await asyncio.gather(*tasks, summaries, return_exceptions=True)
@@ -370,6 +380,17 @@ class JobRunner:
                         extra={"event": "jobs_handed_back", "worker_id": self.worker_id,
                                "jobs": n})
         return n
+
+    async def cancel_statement(self, pid: int) -> None:
+        """Stop the statement a lane's backend runs (a handler being stopped)."""
+        async with self.monitor_lock:
+            if self._monitor is not None:
+                await queries["cancel_statement"].fetch(self._monitor, pid=pid)
+
+    def cancel(self, job_id: uuid.UUID) -> bool:
+        """Cancel job `job_id` if one of this worker's lanes holds it (True):
+        its handler is stopped if it runs, the job fails `cancelled`."""
+        return any(lane.interrupt(job_id, CANCELLED) for lane in self._lanes)
 
     async def _log_summaries(self) -> None:
         """Every `summary_interval`, one INFO line of what the worker did since
@@ -421,6 +442,13 @@ class JobRunner:
     # -- small things ---------------------------------------------------------
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload.startswith(CANCEL_PREFIX):
+            with contextlib.suppress(ValueError):
+                if self.cancel(uuid.UUID(payload[len(CANCEL_PREFIX):])):
+                    logger.info("cancelling job %s", payload[len(CANCEL_PREFIX):],
+                                extra={"event": "job_cancelling", "worker_id": self.worker_id,
+                                       "job_id": payload[len(CANCEL_PREFIX):]})
+            return
         if payload == SETTINGS_CHANGED:
             self.book.settings_changed()
         self.wake.set()

@@ -114,6 +114,8 @@ class WorkerStats:
     retried: int = 0
     handed_back: int = 0
     rescued: int = 0
+    #: Attempts that asked to run later (`Snooze`): not counted as attempts.
+    snoozed: int = 0
     batches: int = 0
     #: Jobs that ran a second time because a batch-mate without a savepoint
     #: failed after writing (see `Lane._rerun_isolated`).
@@ -135,6 +137,7 @@ class WorkerStats:
         self.retried += retried
         self.failed += len(out.failed_ids) - retried
         self.handed_back += len(out.not_started)
+        self.snoozed += len(out.snoozed_ids)
         self.handler_time.add_many(out.handler_times)
         self.latency.add_many(latencies)
 
@@ -172,7 +175,8 @@ class WorkerStats:
         """The figures `JobRunner.run()` returns and logs.
 
         processed: jobs completed. failed: jobs that ended failed. retried:
-        failed attempts that were scheduled again. rerun: jobs run a second
+        failed attempts that were scheduled again. snoozed: attempts that
+        asked to run later (not counted as attempts). rerun: jobs run a second
         time because a batch-mate failed after writing without a savepoint.
         error_rate: failed attempts over all attempts. throughput: finished
         jobs per second while active. handler_ms: time inside handlers.
@@ -188,6 +192,7 @@ class WorkerStats:
             "retried": self.retried,
             "handed_back": self.handed_back,
             "rescued": self.rescued,
+            "snoozed": self.snoozed,
             "batches": self.batches,
             "rerun": self.rerun,
             "error_rate": round((self.failed + self.retried) / attempts, 4) if attempts else 0.0,
