@@ -8,14 +8,17 @@ import uuid
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobqueue
 from jobqueue import HandlerRegistry, RetryPolicy, control, enqueue
+from jobqueue.api import TOKEN_ENV, create_app
 from jobqueue.schema.locks import CANCEL_PREFIX, CHANNEL, DONE_CHANNEL
 from jobqueue.schema.queries import queries
 from jobqueue.testing import drain, wait_for
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.asyncio
 
@@ -248,3 +251,35 @@ async def test_cancel_asks_the_worker_when_one_has_the_job(
     assert asked == [f"cancel:{claimed}", f"cancel:{locked}"]
     rows = dict(await conn.fetch("SELECT id, status FROM jobs"))
     assert rows == {claimed: "processing", locked: "pending"}  # the workers decide
+
+
+async def test_cancel_running_jobs_of_a_real_worker(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection, spawn_worker: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end: a `jobqueue worker` process runs two slow jobs; one is
+    cancelled by `jobqueue cancel`, the other by `DELETE /jobs/{id}`. Each
+    ends `failed` `cancelled`, its write rolled back, and each caller saw
+    the outcome instead of "still running"."""
+    async with engine.begin() as c:
+        ids = [await enqueue(c, "effect", {"sleep": 60}) for _ in range(2)]
+    worker = spawn_worker("--concurrency", "2")
+    await wait_for(lambda: conn.fetchval(
+        "SELECT count(*) = 2 FROM events WHERE kind = 'started'"), timeout=30,
+        message="both jobs running")
+
+    out = await asyncio.to_thread(run_cli, "cancel", str(ids[0]), "--wait", "20", url=db_url)
+    assert (out.returncode, out.stdout.strip()) == (
+        0, f"job {ids[0]} cancelled: the worker running it stopped it"), out.stderr
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    app = create_app(db_url, cancel_wait=20)  # a generous wait: CI machines are slow
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://test") as client:
+        response = await client.delete(f"/jobs/{ids[1]}")
+    await app.state.jobqueue_engine.dispose()
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "failed" and "cancelling" not in response.json()
+
+    rows = await conn.fetch("SELECT status, error_message FROM jobs ORDER BY id")
+    assert [tuple(r) for r in rows] == [("failed", "cancelled")] * 2
+    assert await conn.fetchval("SELECT count(*) FROM effects") == 0  # their writes rolled back
+    assert worker.proc.poll() is None  # the worker carries on
