@@ -666,6 +666,7 @@ async def test_router_in_an_app_of_your_own(engine: AsyncEngine, conn: asyncpg.C
 
 
 async def test_module_router_with_your_own_sessions(engine: AsyncEngine, db_url: str,
+                                                    conn: asyncpg.Connection,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TOKEN_ENV, TOKEN)  # read at each request by the module's router
     sessions = async_sessionmaker(engine)
@@ -686,6 +687,10 @@ async def test_module_router_with_your_own_sessions(engine: AsyncEngine, db_url:
         await drain(db_url, registry=always_failing(), retry_policy=RetryPolicy(base=0, jitter=0))
         retried = await client.post(f"/jobs/{job_id}/retry", headers=auth)
         assert retried.status_code == 200 and retried.json()["status"] == "pending"
+        # A running job's cancel waits through a connection to the session's database.
+        await claim(conn, uuid.UUID(job_id))
+        cancelling = await client.delete(f"/jobs/{job_id}", headers=auth)
+        assert cancelling.status_code == 202 and cancelling.json()["cancelling"] is True
 
     plain = FastAPI()  # the module's router with the engine on app.state
     plain.state.jobqueue_engine = engine
