@@ -11,9 +11,9 @@
 `wait` listens; it does not poll. It writes a row in `jobqueue_waiters`,
 LISTENs on `jobqueue_done`, then reads the job once (a job that finished
 before the LISTEN is not missed), and sleeps until a notification names its
-job. The statements that finish jobs (`complete`, `fail`, `cancel` in
-queries.sql) notify the jobs that have a waiter's row, so when nobody waits
-they pay one probe of an empty table per batch.
+job. The statements that finish jobs (`complete`, `fail`, `cancel` and
+`rescue` in queries.sql) notify the jobs that have a waiter's row, so when
+nobody waits they pay one probe of an empty table per batch.
 
 Why `wait` opens a connection of its own instead of taking the caller's
 session: LISTEN belongs to a connection, and notifications arrive only

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import time
 import uuid
 from typing import Any
 
@@ -62,3 +64,23 @@ async def noop(session: AsyncSession, payload: dict[str, Any]) -> None:
 async def sleep(session: AsyncSession, payload: dict[str, Any]) -> None:
     """Take `seconds` (a slow job that writes nothing)."""
     await asyncio.sleep(float(payload.get("seconds", 0.05)))
+
+
+@handlers.register("poison")
+async def poison(session: AsyncSession, payload: dict[str, Any]) -> None:
+    """Take the worker down with it, every time (as a segfault or the OOM
+    killer would): after writing, so a write that survived would show."""
+    job_id = current_job().id
+    await record_event(job_id, "started")
+    await session.execute(text("INSERT INTO effects (job_id) VALUES (:id)"), {"id": job_id})
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@handlers.register("block")
+async def block(session: AsyncSession, payload: dict[str, Any]) -> None:
+    """Write, then block the event loop (`time.sleep` in an async handler: a
+    mistake nothing can interrupt, the worker's heartbeat included)."""
+    job_id = current_job().id
+    await record_event(job_id, "started")
+    await session.execute(text("INSERT INTO effects (job_id) VALUES (:id)"), {"id": job_id})
+    time.sleep(float(payload["seconds"]))

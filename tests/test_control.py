@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import jobqueue
 from jobqueue import HandlerRegistry, RetryPolicy, control, enqueue
 from jobqueue.api import TOKEN_ENV, create_app
-from jobqueue.schema.locks import CANCEL_PREFIX, CHANNEL, DONE_CHANNEL
+from jobqueue.schema.locks import CANCEL_PREFIX, CHANNEL, DONE_CHANNEL, WORKER_LOCK_CLASS
 from jobqueue.schema.queries import queries
 from jobqueue.testing import drain, wait_for
 from tests.conftest import run_cli
@@ -137,6 +137,23 @@ async def test_wait_times_out_and_knows_no_unknown_job(engine: AsyncEngine, db_u
     for bad in (0, -1, True, "10"):
         with pytest.raises(ValueError, match="timeout must be"):
             await jobqueue.wait(job_id, timeout=bad, database=db_url)  # type: ignore[arg-type]
+
+
+async def test_a_job_that_took_its_worker_down_for_good_wakes_its_waiter(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection,
+        only_notifications: None) -> None:
+    """The rescue fails a job that was all its dead worker ran, with no
+    retries left: that is an end too, and its waiter hears of it."""
+    job_id = await new_job(engine, max_retries=0)
+    await conn.execute("UPDATE jobs SET status = 'processing', worker_id = 99, "
+                       "started_at = now() WHERE id = $1", job_id)  # worker 99 holds no lock
+    waiting = asyncio.create_task(jobqueue.wait(job_id, timeout=30, database=db_url))
+    await wait_for(lambda: waiters(conn, job_id), message="the waiter's row")
+    row = await queries["rescue"].fetchrow(conn, worker_lock_class=WORKER_LOCK_CLASS,
+                                           base=1.0, factor=2.0, cap=60.0)
+    assert row is not None and (row["n"], row["failed"], row["told"]) == (1, 1, 1)
+    job = await asyncio.wait_for(waiting, 10)
+    assert job.status == "failed" and "died while running it" in (job.error_message or "")
 
 
 async def test_a_job_being_finished_is_read_once_its_transaction_ends(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -54,6 +55,11 @@ class Handlers:
                     await asyncio.sleep(60)
             else:
                 await asyncio.sleep(60)
+
+        @r.register("blocking")
+        async def blocking(session: Any, payload: dict[str, Any]) -> str:
+            time.sleep(payload["seconds"])  # blocks the event loop: nothing can stop it
+            return "returned"
 
         @r.register("snoozy")
         async def snoozy(session: Any, payload: dict[str, Any]) -> str:
@@ -171,6 +177,18 @@ async def test_a_timed_out_attempt_is_retried_like_any_failure(
     row = await _job(conn, slow_id)
     assert row["retry_count"] == 1 and row["status"] == "failed"
     assert row["error_history"].count("timeout of 0.2 s") == 2  # both attempts timed out
+
+
+async def test_a_handler_that_blocks_the_loop_past_its_timeout_fails_when_it_returns(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    async with engine.begin() as s:
+        job_id = await enqueue(s, "blocking", {"seconds": 0.6}, max_retries=0)
+        await s.execute(text("UPDATE jobs SET timeout = 0.2"))
+    async with running(db_url, Handlers()):
+        await wait_for(lambda: _finished(conn, 1), timeout=30, message="the job ended")
+    row = await _job(conn, job_id)
+    assert row["status"] == "failed" and "timeout of 0.2 s" in row["error_message"]
+    assert row["result"] is None  # what it returned was not kept
 
 
 async def _cancel(conn: asyncpg.Connection, job_id: uuid.UUID) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from jobqueue import HandlerRegistry, JobRunner
 from jobqueue.worker import WorkerConfig
+from jobqueue.worker.alone import AloneGate
 from jobqueue.worker.batch import CLAIMED, TAKEN
 from jobqueue.worker.book import QueueBook
 from jobqueue.worker.handler import SAVEPOINT_LIMIT
@@ -26,6 +27,7 @@ def lane(per_job: float | None = None, savepoints_per_job: float = 0.0, **settin
     life = Life(worker_id=1, registry=HandlerRegistry(), stats=WorkerStats(),
                 isolated_types=set(), wake=asyncio.Event(), stop=asyncio.Event(),
                 abandon=asyncio.Event(), hand_back=hand_back, cancel_statement=hand_back,
+                record_batch=hand_back, alone=AloneGate(),
                 book=QueueBook(1.0), job_types=[])
     made = Lane(WorkerConfig(**settings), life, engine=None, number=0)  # type: ignore[arg-type]
     made.per_job, made.savepoints_per_job = per_job, savepoints_per_job

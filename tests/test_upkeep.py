@@ -128,7 +128,10 @@ async def test_a_hung_worker_is_fenced_and_its_jobs_rescued(
             "'jobqueue worker 77 %'"), message="the hung worker's connection to be gone")
         # Rescued at once if its backend was gone already, else by the next rescue.
         assert result["rescued"] + await upkeep.rescue(conn) == 1
-        assert await by_status(conn) == {"pending": 1}
+        # It was all the hung worker ran: that attempt counts, as a crash's would.
+        assert await by_status(conn) == {"retrying": 1}
+        assert await conn.fetchval("SELECT error_message FROM jobs") == (
+            "its worker (id 77) died while running it")
     finally:
         if not hung.is_closed():
             hung.terminate()
@@ -140,6 +143,9 @@ async def test_a_leader_chore_stuck_behind_a_lock_gives_up_within_the_lease_and_
     config = WorkerConfig(lease=2.0)
     assert config.statement_timeout < config.lease
     await register(conn, 90)
+    alive = await db.connect(db_url, application_name="jobqueue worker 90 active test")
+    assert await queries["lock_worker"].fetchval(alive, lock_class=WORKER_LOCK_CLASS,
+                                                 worker_id=90)  # or `reap` ends the others
     monitor = await upkeep.connect(db_url, "jobqueue worker 90 monitor test", config)
     beating = await upkeep.connect(db_url, "jobqueue worker 90 heartbeat test", config)
     blocker = await db.connect(db_url)
@@ -163,7 +169,7 @@ async def test_a_leader_chore_stuck_behind_a_lock_gives_up_within_the_lease_and_
         loop.cancel()
         await tx.rollback()
     finally:
-        for c in (blocker, monitor, beating):
+        for c in (blocker, monitor, beating, alive):
             c.terminate()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -291,15 +292,39 @@ async def test_plain_sql_insert_is_a_job_and_wakes_an_idle_worker(db_url, regist
 
 
 async def test_jobs_of_a_dead_worker_are_rescued(engine: AsyncEngine, db_url, registry, conn):
-    # A job claimed by worker 12345, which holds no liveness lock: it is gone.
-    job_id = await conn.fetchval(
+    # Two jobs claimed by worker 12345, which holds no liveness lock: it is
+    # gone, and nothing says which of them took it down. Neither is blamed.
+    ids = [await conn.fetchval(
         "INSERT INTO jobs (job_type, payload, status, worker_id, started_at) "
         "VALUES ('send_email', '{\"to\": \"x@y\"}', 'processing', 12345, now()) RETURNING id")
+        for _ in range(2)]
     report = await drain(db_url, registry=registry)
-    assert report["rescued"] == 1
+    assert report["rescued"] == 2
+    for job_id in ids:
+        row = await job(conn, job_id)
+        assert row["status"] == "completed" and row["worker_id"] == report["worker_id"]
+        assert row["retry_count"] == 0 and row["run_alone"]  # uncounted; it ran alone
+
+
+async def test_a_job_its_worker_died_running_alone_has_the_attempt_counted(
+        engine: AsyncEngine, db_url, registry, conn):
+    job_id = await conn.fetchval(
+        "INSERT INTO jobs (job_type, payload, status, worker_id, started_at, max_retries) "
+        "VALUES ('send_email', '{}', 'processing', 12345, now(), 1) RETURNING id")
+    policy = RetryPolicy(base=30.0, factor=2.0, cap=60.0, jitter=0.0)
+    report = await drain(db_url, registry=registry, retry_policy=policy)
+    assert report["rescued"] == 1 and report["processed"] == 0  # due again only in 30 s
     row = await job(conn, job_id)
-    assert row["status"] == "completed" and row["worker_id"] == report["worker_id"]
-    assert row["retry_count"] == 0
+    assert row["status"] == "retrying" and row["retry_count"] == 1 and row["run_alone"]
+    assert row["error_message"] == "its worker (id 12345) died while running it"
+    assert 29 < (row["run_at"] - row["started_at"]).total_seconds() < 90
+    # The last attempt lost the same way fails the job for good.
+    await conn.execute("UPDATE jobs SET status = 'processing', worker_id = 12346 WHERE id = $1",
+                       job_id)
+    assert (await drain(db_url, registry=registry))["rescued"] == 1
+    row = await job(conn, job_id)
+    assert row["status"] == "failed" and row["retry_count"] == 1
+    assert [e["worker_id"] for e in json.loads(row["error_history"])] == [12345, 12346]
 
 
 async def test_only_one_runner_works_the_other_stands_by(

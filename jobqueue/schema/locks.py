@@ -24,5 +24,5 @@ CHANNEL = "jobqueue"
 #: `queries.sql: cancel` sends it).
 CANCEL_PREFIX = "cancel:"
 #: The channel a finished job is announced on, its id as the payload, when a
-#: caller of `jobqueue.wait()` waits for it (`complete`, `fail`, `cancel`).
+#: caller of `jobqueue.wait()` waits for it (`complete`, `fail`, `cancel`, `rescue`).
 DONE_CHANNEL = "jobqueue_done"

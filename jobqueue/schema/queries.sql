@@ -51,11 +51,12 @@ SELECT id FROM new ORDER BY n;
 -- (a row in jobqueue_queues says so) gives nothing here: its jobs go through
 -- `claim_limited`. That check runs once per statement (an InitPlan, one probe
 -- of a small table), so queues without settings pay nothing else for them.
+-- Jobs that must run alone (`run_alone`) are left to `claim_alone`.
 WITH due AS (
     SELECT id
     FROM jobs
     WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
-      AND job_type = ANY(CAST(:job_types AS text[]))
+      AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
       AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
                       WHERE q.name = :queue
                         AND (q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL))
@@ -76,10 +77,13 @@ RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j
 -- one new row version per job instead of two. The lock keeps other workers
 -- off until the commit; a crash rolls back and releases them untouched.
 -- What it may take is what `claim` may (the same queue, types and gate).
-SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout
+-- The transaction's id comes back with every row: the lane writes it and
+-- the ids in `jobqueue_batches` (`record_batch`) before it runs them.
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout,
+       CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid
 FROM jobs
 WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
-  AND job_type = ANY(CAST(:job_types AS text[]))
+  AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
   AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
                   WHERE q.name = :queue
                     AND (q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL))
@@ -120,7 +124,7 @@ WITH q AS (
     SELECT id
     FROM jobs
     WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
-      AND job_type = ANY(CAST(:job_types AS text[]))
+      AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
     ORDER BY priority DESC, run_at
     LIMIT coalesce((SELECT n FROM room), 0)
     FOR UPDATE SKIP LOCKED
@@ -177,7 +181,8 @@ SELECT name, paused, concurrency, rate_limit, rate_period FROM jobqueue_queues;
 -- Lock given jobs again, if still waiting and due (a quick batch that could
 -- not commit is rerun one job per transaction; meanwhile another worker may
 -- have tried one and scheduled its retry for later).
-SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout,
+       CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid
 FROM jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
   AND run_at <= now()
@@ -283,28 +288,198 @@ WITH back AS (
 SELECT n, CASE WHEN n > 0 THEN pg_notify('jobqueue', '') END AS notified
 FROM (SELECT count(*) AS n FROM back) AS c;
 
--- rescue --
--- Return to the queue the jobs of workers that are gone. A live worker holds
--- an advisory lock (class :worker_lock_class, key = its id) on its own
--- connection for as long as it lives; PostgreSQL drops that lock the moment
--- the connection dies, so a missing lock means a dead worker. The live ids
--- are read from pg_locks once, not once per job.
+-- record_batch --
+-- Before a quick batch runs: its jobs and its transaction, on a connection
+-- of their own (committed at once). The jobs show nothing of the batch until
+-- it commits; if the worker dies first, this row is what names them
+-- (`rescue`). One row per lane, overwritten by its next batch; the table is
+-- UNLOGGED, so this costs no WAL flush.
+INSERT INTO jobqueue_batches (worker_id, lane, xid, job_ids)
+VALUES (:worker_id, :lane, :xid, CAST(:ids AS uuid[]))
+ON CONFLICT (worker_id, lane) DO UPDATE
+SET xid = EXCLUDED.xid, job_ids = EXCLUDED.job_ids, started_at = now();
+
+-- reap --
+-- End the connections left behind by workers that are gone (no liveness
+-- lock: crashed, or fenced), waiting up to a second for each: a lane of a
+-- crashed worker may still be inside a long statement, its batch's locks
+-- held, and `rescue` must know how its batch ended. The worker id is read
+-- from the application name; a worker takes its liveness lock before it
+-- names any connection after its id.
 WITH live AS MATERIALIZED (
     SELECT CAST(objid AS bigint) AS worker_id
     FROM pg_locks
     WHERE locktype = 'advisory' AND granted AND objsubid = 2
       AND classid = CAST(:worker_lock_class AS oid)
       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), left_behind AS MATERIALIZED (
+    SELECT pid FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND application_name ~ '^jobqueue worker [0-9]+ '
+      AND CAST(substring(application_name FROM '^jobqueue worker ([0-9]+) ') AS bigint)
+          NOT IN (SELECT worker_id FROM live)
+)
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 1000)) AS terminated
+FROM left_behind;
+
+-- rescue --
+-- Return to the queue the jobs of workers that are gone, and find out which
+-- job took its worker down. A live worker holds an advisory lock (class
+-- :worker_lock_class, key = its id) on its own connection for as long as it
+-- lives; PostgreSQL drops it the moment the connection dies, so a missing
+-- lock means a dead worker (crashed, or fenced as hung).
+--
+-- What a dead worker held: its claimed jobs (`processing` under its id) and
+-- the jobs of its quick batches that never committed (`jobqueue_batches`,
+-- whose transactions aborted). A worker that held one job only died running
+-- it: that attempt counts, retried after its backoff (:base, :factor, :cap)
+-- or failed for good, with the worker named in error_message and
+-- error_history. A worker that held several gives no culprit, and none of
+-- them is blamed: they go back uncounted. Either way they are marked
+-- `run_alone`, so that each runs next with nothing beside it and a death
+-- then names it. A dead worker with a batch still `in progress` (a lane
+-- `reap` could not end yet) is left for the next tick, whole.
+WITH live AS MATERIALIZED (
+    SELECT CAST(objid AS bigint) AS worker_id
+    FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 2
+      AND classid = CAST(:worker_lock_class AS oid)
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), batches AS MATERIALIZED (
+    SELECT b.worker_id, pg_xact_status(CAST(CAST(b.xid AS text) AS xid8)) AS ended
+    FROM jobqueue_batches AS b
+    WHERE b.worker_id NOT IN (SELECT worker_id FROM live)
+), unsettled AS MATERIALIZED (
+    SELECT DISTINCT worker_id FROM batches WHERE ended = 'in progress'
+), gone AS (
+    -- Deleting the ledger rows decides who handles them: a rescue running at
+    -- the same moment finds them deleted and leaves their jobs alone.
+    DELETE FROM jobqueue_batches AS b
+    WHERE b.worker_id IN (SELECT worker_id FROM batches)
+      AND b.worker_id NOT IN (SELECT worker_id FROM unsettled)
+    RETURNING b.worker_id, b.job_ids,
+              pg_xact_status(CAST(CAST(b.xid AS text) AS xid8)) AS ended
+), held AS MATERIALIZED (
+    SELECT j.worker_id AS dead, j.id, true AS claimed
+    FROM jobs AS j
+    WHERE j.status = 'processing' AND j.worker_id NOT IN (SELECT worker_id FROM live)
+      AND j.worker_id NOT IN (SELECT worker_id FROM unsettled)
+    UNION ALL
+    SELECT g.worker_id, t.id, false
+    FROM gone AS g, unnest(g.job_ids) AS t(id)
+    WHERE g.ended = 'aborted'
+), settled AS MATERIALIZED (
+    SELECT dead, count(DISTINCT id) AS n FROM held GROUP BY dead
 ), back AS (
     UPDATE jobs AS j
-    SET status = CASE WHEN j.retry_count > 0 THEN 'retrying' ELSE 'pending' END,
-        started_at = NULL, worker_id = NULL
-    WHERE j.status = 'processing'
-      AND NOT EXISTS (SELECT 1 FROM live WHERE live.worker_id = j.worker_id)
-    RETURNING j.id
+    SET status = CASE WHEN s.n > 1 THEN CASE WHEN j.retry_count > 0 THEN 'retrying'
+                                             ELSE 'pending' END
+                      WHEN j.retry_count < j.max_retries THEN 'retrying'
+                      ELSE 'failed' END,
+        retry_count = j.retry_count
+                      + CASE WHEN s.n = 1 AND j.retry_count < j.max_retries THEN 1 ELSE 0 END,
+        run_at = CASE WHEN s.n = 1 AND j.retry_count < j.max_retries
+                      THEN statement_timestamp() + make_interval(secs => least(
+                               :cap, :base * power(:factor, least(j.retry_count, 64))))
+                      ELSE j.run_at END,
+        next_retry_at = CASE WHEN s.n = 1 AND j.retry_count < j.max_retries
+                             THEN statement_timestamp() + make_interval(secs => least(
+                                      :cap, :base * power(:factor, least(j.retry_count, 64))))
+                             ELSE j.next_retry_at END,
+        completed_at = CASE WHEN s.n = 1 AND j.retry_count >= j.max_retries
+                            THEN statement_timestamp() END,
+        started_at = CASE WHEN s.n = 1 THEN j.started_at END,
+        worker_id = CASE WHEN s.n = 1 THEN h.dead END,
+        error_message = CASE WHEN s.n = 1
+                             THEN format('its worker (id %s) died while running it', h.dead)
+                             ELSE j.error_message END,
+        error_history = CASE WHEN s.n = 1 THEN j.error_history || jsonb_build_array(
+                                 jsonb_build_object(
+                                     'attempt', j.retry_count + 1,
+                                     'error', format('its worker (id %s) died while running it',
+                                                     h.dead),
+                                     'at', statement_timestamp(), 'worker_id', h.dead))
+                             ELSE j.error_history END,
+        run_alone = true
+    FROM held AS h JOIN settled AS s ON s.dead = h.dead
+    WHERE j.id = h.id
+      -- Checked again on the row as it is once locked: a rescue that waited
+      -- for another's finds its jobs no longer as it saw them.
+      AND (h.claimed AND j.status = 'processing' AND j.worker_id = h.dead
+           OR NOT h.claimed AND j.status IN ('pending', 'retrying'))
+    RETURNING j.id, s.n = 1 AS counted, j.status
 )
-SELECT n, CASE WHEN n > 0 THEN pg_notify('jobqueue', '') END AS notified
-FROM (SELECT count(*) AS n FROM back) AS c;
+SELECT n, counted, failed,
+       CASE WHEN n > 0 THEN pg_notify('jobqueue', 'alone') END AS notified,
+       -- The callers of `jobqueue.wait()` of a job failed for good hear of it.
+       CASE WHEN failed > 0
+            THEN (SELECT count(pg_notify('jobqueue_done', CAST(b.id AS text)))
+                  FROM back AS b
+                  WHERE b.status = 'failed'
+                    AND EXISTS (SELECT FROM jobqueue_waiters AS w WHERE w.job_id = b.id))
+       END AS told
+FROM (SELECT count(*) AS n, count(*) FILTER (WHERE counted) AS counted,
+             count(*) FILTER (WHERE status = 'failed') AS failed
+      FROM back) AS c;
+
+-- claim_alone --
+-- One due job of queue :queue that must run alone (`run_alone`), for a
+-- worker with nothing else running: if the worker dies now, this job is why.
+-- After `lock_queue` in the same transaction, and within the queue's
+-- settings as `claim_limited` counts them (nothing while paused; a queue
+-- without settings has room). Reads idx_jobs_alone, which holds only these.
+WITH q AS (
+    SELECT paused, concurrency, rate_limit,
+           to_timestamp(floor(extract(epoch FROM statement_timestamp()) / rate_period)
+                        * rate_period) AS window_now,
+           window_start, window_count
+    FROM jobqueue_queues
+    WHERE name = :queue
+), room AS (
+    SELECT coalesce((SELECT CASE WHEN q.paused THEN 0 ELSE greatest(0, least(
+                1,
+                coalesce(q.concurrency - (SELECT count(*) FROM jobs
+                                          WHERE status = 'processing' AND queue = :queue), 1),
+                coalesce(q.rate_limit - CASE WHEN q.window_start = q.window_now
+                                             THEN q.window_count ELSE 0 END, 1))) END
+                     FROM q), 1) AS n
+), due AS (
+    SELECT id
+    FROM jobs
+    WHERE queue = :queue AND run_alone AND status IN ('pending', 'retrying')
+      AND run_at <= now() AND job_type = ANY(CAST(:job_types AS text[]))
+    ORDER BY priority DESC, run_at
+    LIMIT (SELECT n FROM room)
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE jobs AS j
+    SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
+    FROM due
+    WHERE j.id = due.id
+    RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
+              j.max_retries, j.timeout
+), counted AS (
+    UPDATE jobqueue_queues AS s
+    SET window_start = q.window_now,
+        window_count = CASE WHEN s.window_start = q.window_now THEN s.window_count ELSE 0 END
+                       + (SELECT count(*) FROM claimed)
+    FROM q
+    WHERE s.name = :queue AND s.rate_limit IS NOT NULL
+      AND EXISTS (SELECT 1 FROM claimed)
+)
+SELECT * FROM claimed;
+
+-- alone_waiting --
+-- The queues with jobs that must run alone, among the types and :queues
+-- (NULL: all) a worker takes, and when their earliest is due (seconds;
+-- negative: overdue). Few rows or none: idx_jobs_alone holds only these.
+SELECT queue, CAST(extract(epoch FROM min(run_at) - now()) AS float8) AS due_in
+FROM jobs
+WHERE run_alone AND status IN ('pending', 'retrying')
+  AND job_type = ANY(CAST(:job_types AS text[]))
+  AND (CAST(:queues AS text[]) IS NULL OR queue = ANY(CAST(:queues AS text[])))
+GROUP BY queue
+ORDER BY queue;
 
 -- register_worker --
 -- A worker introduces itself; its heartbeat starts now.
@@ -361,8 +536,16 @@ WHERE application_name LIKE 'jobqueue worker ' || CAST(:id AS integer) || ' lane
   AND datname = current_database();
 
 -- unregister_worker --
--- A worker that stops cleanly says goodbye.
+-- A worker that stops cleanly says goodbye; its batches' ledger goes with it
+-- (whatever it abandoned on the way out was its own doing, not a job's).
+WITH batches AS (
+    DELETE FROM jobqueue_batches WHERE worker_id = :id
+)
 DELETE FROM jobqueue_workers WHERE id = :id;
+
+-- rename_connection --
+-- Say what this connection is now (a worker's role changed; its id is taken).
+SELECT set_config('application_name', :name, false);
 
 -- try_lock --
 -- Take a session lock if nobody holds it: the active worker's lock, or the

@@ -11,10 +11,14 @@ stopped early):
   for a rescue; running them again needs only a new transaction.
 - **limited** (`Limited`): claimed, for queues that are paused or limited
   fleet-wide; admitted one claimer at a time.
+- **alone** (`Alone`): claimed, one job that must run with nothing beside
+  it (`alone.py`), admitted like a limited queue's.
 - **taken** (`Taken`): locked by the batch's own transaction (`take`), never
   written until their outcome; unfinished ones need nothing, the end of the
   transaction releases them. Running them again means locking them again
   (`retake`), as they stand by then: another worker may have tried one.
+  Nothing in the jobs shows the batch until it commits, so its transaction
+  id comes back with it (`Started.xid`) for the lane to write down first.
 """
 
 from __future__ import annotations
@@ -30,13 +34,22 @@ from jobqueue.schema.queries import queries
 from jobqueue.worker.handler import ClaimedJob
 
 
+class Started(NamedTuple):
+    """A batch about to run: its open transaction, its jobs, and the
+    transaction's id if nothing else names its jobs (a taken batch)."""
+
+    tx: Any
+    jobs: list[ClaimedJob]
+    xid: int | None = None
+
+
 class Claimed:
     """Jobs claimed (committed as `processing`) before the batch runs."""
 
     taken = False
 
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
-                    job_types: list[str]) -> tuple[Any, list[ClaimedJob]] | None:
+                    job_types: list[str]) -> Started | None:
         """Claim up to `limit` due jobs of `queue`, then begin the batch's transaction."""
         rows = await self._claim(raw, limit=limit, worker_id=worker_id, queue=queue,
                                  job_types=job_types)
@@ -44,17 +57,16 @@ class Claimed:
             return None
         tx = raw.transaction()
         await tx.start()
-        return tx, list(map(ClaimedJob._make, rows))
+        return Started(tx, list(map(ClaimedJob._make, rows)))
 
     async def _claim(self, raw: Any, **values: Any) -> list[Any]:
         return await queries["claim"].fetch(raw, **values)
 
-    async def again(self, raw: Any, jobs: list[ClaimedJob]
-                    ) -> tuple[Any, list[ClaimedJob]] | None:
+    async def again(self, raw: Any, jobs: list[ClaimedJob]) -> Started | None:
         """A new transaction for jobs of a rolled-back batch: still ours, as they were."""
         tx = raw.transaction()
         await tx.start()
-        return tx, jobs
+        return Started(tx, jobs)
 
     def to_hand_back(self, ids: list[uuid.UUID]) -> list[uuid.UUID]:
         """Jobs this worker will not finish go back to the queue explicitly."""
@@ -76,22 +88,33 @@ class Limited(Claimed):
             return await queries["claim_limited"].fetch(raw, **values)
 
 
+class Alone(Limited):
+    """One job that must run alone (`alone.py`): claimed like a limited
+    queue's (`lock_queue`, then `claim_alone`), so a queue's limits hold for
+    it too."""
+
+    async def _claim(self, raw: Any, **values: Any) -> list[Any]:
+        async with raw.transaction():
+            await queries["lock_queue"].execute(raw, lock_class=QUEUE_LOCK_CLASS,
+                                                queue=values["queue"])
+            return await queries["claim_alone"].fetch(raw, **values)
+
+
 class Taken:
     """Jobs locked inside the batch's own transaction (a quick batch)."""
 
     taken = True
 
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
-                    job_types: list[str]) -> tuple[Any, list[ClaimedJob]] | None:
+                    job_types: list[str]) -> Started | None:
         """Begin the batch's transaction and lock up to `limit` due jobs of `queue` in it."""
         locked = await lock(raw, "take", limit=limit, queue=queue, job_types=job_types)
         if locked is None:
             return None
         tx, rows = locked
-        return tx, list(map(ClaimedJob._make, rows))
+        return Started(tx, _jobs(rows), rows[0]["xid"])
 
-    async def again(self, raw: Any, jobs: list[ClaimedJob]
-                    ) -> tuple[Any, list[ClaimedJob]] | None:
+    async def again(self, raw: Any, jobs: list[ClaimedJob]) -> Started | None:
         """The rollback released them: lock again those no other worker took
         meanwhile, as they stand now, in their first order (None: none left)."""
         locked = await lock(raw, "retake", ids=[j.id for j in jobs])
@@ -99,15 +122,21 @@ class Taken:
             return None
         tx, rows = locked
         order = {j.id: n for n, j in enumerate(jobs)}
-        return tx, sorted(map(ClaimedJob._make, rows), key=lambda j: order[j.id])
+        return Started(tx, sorted(_jobs(rows), key=lambda j: order[j.id]), rows[0]["xid"])
 
     def to_hand_back(self, ids: list[uuid.UUID]) -> list[uuid.UUID]:
         """Nothing: the end of their transaction releases them untouched."""
         return []
 
 
-CLAIMED, LIMITED, TAKEN = Claimed(), Limited(), Taken()
+CLAIMED, LIMITED, ALONE, TAKEN = Claimed(), Limited(), Alone(), Taken()
 BatchKind = Claimed | Taken
+
+
+def _jobs(rows: list[Any]) -> list[ClaimedJob]:
+    """Locked rows as jobs (their last column, the transaction's id, dropped)."""
+    width = len(ClaimedJob._fields)
+    return [ClaimedJob._make(tuple(row)[:width]) for row in rows]
 
 
 async def lock(raw: Any, query: str, **values: Any) -> tuple[Any, list[Any]] | None:

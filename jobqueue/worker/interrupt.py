@@ -77,6 +77,7 @@ class Stopper:
         self.job_id: uuid.UUID | None = None
         self.reason: str | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline: tuple[float, float] | None = None  # (loop time, timeout)
         self._retry: asyncio.TimerHandle | None = None
         self._statement_cancel: asyncio.Task[Any] | None = None
 
@@ -85,8 +86,9 @@ class Stopper:
         `timeout` seconds if it is still running."""
         self.job_id = job_id
         if timeout is not None:
-            self._timer = asyncio.get_running_loop().call_later(
-                timeout, self.stop, job_id, timed_out(timeout))
+            loop = asyncio.get_running_loop()
+            self._deadline = (loop.time() + timeout, timeout)
+            self._timer = loop.call_later(timeout, self.stop, job_id, timed_out(timeout))
 
     async def finish(self) -> str | None:
         """The handler is over: why it was stopped (None: it was not). Waits
@@ -96,6 +98,13 @@ class Stopper:
             if handle is not None:
                 handle.cancel()
         self._timer = self._retry = None
+        if self._deadline is not None:
+            # A handler that blocked the loop past its time returns before
+            # its timer could run: it has timed out all the same.
+            deadline, timeout = self._deadline
+            if self.reason is None and asyncio.get_running_loop().time() >= deadline:
+                self.reason = timed_out(timeout)
+            self._deadline = None
         if self._statement_cancel is not None:
             await asyncio.gather(self._statement_cancel, return_exceptions=True)
             self._statement_cancel = None

@@ -50,7 +50,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from jobqueue.errors import is_connection_error, one_line
 from jobqueue.registry import HandlerRegistry, JobHandler
 from jobqueue.schema.queries import queries
+from jobqueue.worker.alone import AloneGate
 from jobqueue.worker.batch import (
+    ALONE,
     CLAIMED,
     DONE,
     FAILED,
@@ -62,6 +64,7 @@ from jobqueue.worker.batch import (
     LostOwnership,
     Outcomes,
     Rerun,
+    Started,
     decided_of,
     rollback,
 )
@@ -127,6 +130,10 @@ class Life:
     hand_back: Callable[[list[uuid.UUID] | None], Awaitable[int]]
     #: Cancel the statement a backend runs (by pid), from the monitor connection.
     cancel_statement: Callable[[int], Awaitable[Any]]
+    #: Write down a quick batch before it runs: (lane, transaction id, job ids).
+    record_batch: Callable[[int, int, list[uuid.UUID]], Awaitable[Any]]
+    #: Where the lanes make room for a job that must run alone.
+    alone: AloneGate
     #: The queues as this worker last saw them (waiting jobs, settings).
     book: QueueBook
     #: The job types it has handlers for: the only ones it claims.
@@ -258,29 +265,67 @@ class Lane:
         this lane's turn on, that has a due job it may take, and the next turn
         starts after it. So every queue with due jobs gets a batch within one
         round, whatever floods another."""
+        gate = self.life.alone
+        if gate.wanted and await self._run_alone(conn, session):
+            return True
         book, raw = self.life.book, self.raw
         await book.read_settings(raw)
         queues = self.serves or book.known()
         take, limit = self.plan()
-        for step in range(len(queues)):
-            queue = queues[(self.turn + step) % len(queues)]
-            if book.paused(queue):
-                continue
-            batch: BatchKind = (LIMITED if book.limited(queue)
-                                else TAKEN if take else CLAIMED)
-            started = await batch.start(raw, limit, self.worker_id, queue,
-                                        self.life.job_types)
-            if started is not None:
-                self.turn = (self.turn + step + 1) % len(queues)
-                tx, jobs = started
-                try:
-                    await self._run_batch(conn, session, tx, jobs, batch)
-                finally:
-                    self.batch = []
-                    self.cancels.clear()
-                return True
+        async with gate.batch():
+            for step in range(len(queues)):
+                queue = queues[(self.turn + step) % len(queues)]
+                if book.paused(queue):
+                    continue
+                batch: BatchKind = (LIMITED if book.limited(queue)
+                                    else TAKEN if take else CLAIMED)
+                started = await batch.start(raw, limit, self.worker_id, queue,
+                                            self.life.job_types)
+                if started is not None:
+                    self.turn = (self.turn + step + 1) % len(queues)
+                    await self._run_held(conn, session, started, batch)
+                    return True
         self.tried = set(queues)
+        if gate.look(self.config.poll_interval):  # nothing else to do: any lone jobs?
+            return await self._run_alone(conn, session)
         return False
+
+    async def _run_held(self, conn: AsyncConnection, session: AsyncSession, started: Started,
+                        batch: BatchKind) -> None:
+        try:
+            await self._run_batch(conn, session, started, batch)
+        finally:
+            self.batch = []
+            self.cancels.clear()
+
+    async def _run_alone(self, conn: AsyncConnection, session: AsyncSession) -> bool:
+        """Run the due jobs that must run alone (`alone.py`), one at a time,
+        with no other batch of this worker running; False if there were none.
+        Asks the database first, so a worker with none pays one small query."""
+        gate, life, raw = self.life.alone, self.life, self.raw
+        gate.wanted = False
+        served = self.config.served
+        queues = None if served is None else list(served)
+        ran = False
+        while not self.stopping:
+            waiting = await queries["alone_waiting"].fetch(raw, job_types=life.job_types,
+                                                           queues=queues)
+            due = [row["queue"] for row in waiting if row["due_in"] <= 0]
+            if not due:
+                gate.want_in(min((row["due_in"] for row in waiting), default=None))
+                return ran
+            async with gate.alone(self.number) as soloist:
+                if not soloist:
+                    return ran  # another lane is at it; this one waits at the gate
+                for queue in due:
+                    started = await ALONE.start(raw, 1, self.worker_id, queue, life.job_types)
+                    if started is not None:
+                        await self._run_held(conn, session, started, ALONE)
+                        ran = True
+                        break
+                else:
+                    return ran  # due, but not ours to take now (a limit, another worker)
+        return ran
 
     def _full(self, taken: bool, started: float, savepoints: int, job: ClaimedJob) -> bool:
         """Must the batch stop before `job`? A quick batch that outruns
@@ -326,18 +371,22 @@ class Lane:
             await asyncio.wait_for(self.life.wake.wait(), timeout)
         return True
 
-    async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, tx: Any,
-                         jobs: list[ClaimedJob], batch: BatchKind, isolated: bool = False,
+    async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, started: Started,
+                         batch: BatchKind, isolated: bool = False,
                          decided: dict[uuid.UUID, Decided] | None = None) -> None:
-        """Run a batch in the open transaction `tx`; one commit records every outcome.
-        `batch`: how its jobs are held (taken by this transaction, or claimed).
+        """Run a batch in its open transaction; one commit records every outcome.
+        `batch`: how its jobs are held (taken by this transaction, or claimed;
+        a taken batch is written down first, `record_batch`).
         `isolated`: every job in a savepoint of its own (else only the job
         types that need one). `decided`: outcomes recorded without running
         those jobs again (a rerun's)."""
         life = self.life
         outcomes = Outcomes()
         decided = decided or {}
+        tx, jobs = started.tx, started.jobs
         try:
+            if started.xid is not None:
+                await life.record_batch(self.number, started.xid, [job.id for job in jobs])
             await self._run_jobs(conn, session, jobs, batch, isolated, decided, outcomes)
             latencies = await self._record(outcomes, batch)
             await tx.commit()
@@ -431,13 +480,13 @@ class Lane:
             for job in jobs:
                 again = await batch.again(self.raw, [job])
                 if again is not None:
-                    await self._run_batch(conn, session, *again, batch,
+                    await self._run_batch(conn, session, again, batch,
                                           isolated=True, decided=decided)
             return
         again = await batch.again(self.raw, jobs)
         if again is None:
             return
-        tx, [job] = again
+        tx, [job] = again.tx, again.jobs
         out = Outcomes()
         retry = job.retry_count < job.max_retries
         delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
@@ -481,7 +530,7 @@ class Lane:
                               "rerun": rerun.again, "worker_id": self.worker_id})
         again = await batch.again(self.raw, jobs)  # taken ones: those still free, as they are
         if again is not None:
-            await self._run_batch(conn, session, *again, batch, isolated=True,
+            await self._run_batch(conn, session, again, batch, isolated=True,
                                   decided=rerun.decided)
 
     async def _run_one(self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob,

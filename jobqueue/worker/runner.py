@@ -56,6 +56,7 @@ from jobqueue.schema.locks import (
 )
 from jobqueue.schema.queries import queries
 from jobqueue.worker import upkeep
+from jobqueue.worker.alone import ALONE, AloneGate
 from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.handler import lane_engine
@@ -123,6 +124,9 @@ class JobRunner:
         self._monitor: asyncpg.Connection | None = None
         self._connections: list[asyncpg.Connection] = []  # this life's own (not the lanes')
         self._lanes: list[Lane] = []  # this life's, while they work
+        self._ledger: asyncpg.Connection | None = None  # where quick batches are written down
+        self._ledger_lock = asyncio.Lock()
+        self.alone = AloneGate()  # this life's: where lanes make room for lone jobs
 
     # -- control from outside -------------------------------------------------
 
@@ -194,6 +198,8 @@ class JobRunner:
         """One life: announce, contest, work. Returns when stopped; raises
         _LifeOver when a connection is lost or this worker was fenced."""
         self._abandon.clear()
+        self.alone.close()
+        self.alone = AloneGate()
         async with contextlib.AsyncExitStack() as stack:
             try:
                 control = await self._announce(url)
@@ -216,6 +222,9 @@ class JobRunner:
                 beating = await upkeep.connect(url, self._app_name("heartbeat"), config)
                 stack.push_async_callback(_close, beating)
                 self._connections.append(beating)
+                self._ledger = await upkeep.connect(url, self._app_name("ledger"), config)
+                stack.push_async_callback(_close, self._ledger)
+                self._connections.append(self._ledger)
                 heartbeat = Heartbeat(config, beating, self.worker_id, lambda: self.role,
                                       self.stats)
                 leader = Leader(config, monitor, self.worker_id, self.stats, self.monitor_lock,
@@ -248,10 +257,13 @@ class JobRunner:
         for _ in range(10):
             self.worker_id = secrets.randbelow(2**31 - 2) + 1
             self.state = "standby"
-            conn = await db.connect(url, application_name=self._app_name(self.role))
+            # Named after its id only once the lock is held: `reap` ends the
+            # connections of ids nobody holds.
+            conn = await db.connect(url, application_name=f"jobqueue worker - {self.name}"[:63])
             if await queries["lock_worker"].fetchval(
                 conn, lock_class=WORKER_LOCK_CLASS, worker_id=self.worker_id
             ):
+                await queries["rename_connection"].fetch(conn, name=self._app_name(self.role))
                 logger.info("worker %d (%s) connected", self.worker_id, self.name,
                             extra={"event": "worker_connected", "worker_id": self.worker_id,
                                    "worker_name": self.name})
@@ -294,8 +306,8 @@ class JobRunner:
         self.state = "active"
         self.was_active = True
         shared = self.config.shared
-        await control.execute("SELECT set_config('application_name', $1, false)",
-                              self._app_name("shared" if shared else "active"))
+        await queries["rename_connection"].fetch(
+            control, name=self._app_name("shared" if shared else "active"))
         await control.add_listener(CHANNEL, self._on_notify)
         logger.info("worker %d is %s", self.worker_id,
                     "working (shared mode)" if shared else "active",
@@ -305,7 +317,7 @@ class JobRunner:
         self._active.set()
         async with self.monitor_lock:
             assert self._monitor is not None
-            rescued = await rescue(self._monitor)
+            rescued = await rescue(self._monitor, self.config.retry_policy)
         if rescued:
             self.stats.rescued += rescued
             logger.warning("returned %d job(s) of dead workers to the queue", rescued,
@@ -317,7 +329,8 @@ class JobRunner:
         life = Life(worker_id=self.worker_id, registry=self.registry, stats=self.stats,
                     isolated_types=self.isolated_types, wake=self.wake,
                     stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back,
-                    cancel_statement=self.cancel_statement,
+                    cancel_statement=self.cancel_statement, record_batch=self.record_batch,
+                    alone=self.alone,
                     book=self.book, job_types=self.job_types)
         lanes = self._lanes = [Lane(self.config, life, engine, n, serves)
                                 for n, serves in enumerate(self.config.lane_queues)]
@@ -380,6 +393,13 @@ class JobRunner:
                         extra={"event": "jobs_handed_back", "worker_id": self.worker_id,
                                "jobs": n})
         return n
+
+    async def record_batch(self, lane: int, xid: int, ids: list[uuid.UUID]) -> None:
+        """Write down a quick batch before it runs (`queries.sql: record_batch`)."""
+        async with self._ledger_lock:
+            assert self._ledger is not None
+            await queries["record_batch"].fetch(self._ledger, worker_id=self.worker_id,
+                                                lane=lane, xid=xid, ids=ids)
 
     async def cancel_statement(self, pid: int) -> None:
         """Stop the statement a lane's backend runs (a handler being stopped)."""
@@ -451,6 +471,8 @@ class JobRunner:
             return
         if payload == SETTINGS_CHANGED:
             self.book.settings_changed()
+        elif payload == ALONE:
+            self.alone.want()
         self.wake.set()
 
     def _app_name(self, role: str) -> str:

@@ -31,6 +31,7 @@ import asyncpg
 
 from jobqueue import db
 from jobqueue.errors import is_connection_error, one_line
+from jobqueue.retry import RetryPolicy
 from jobqueue.schedules import ScheduleSpec
 from jobqueue.schema.locks import LEADER_KEY, LOCK_CLASS, WORKER_LOCK_CLASS
 from jobqueue.schema.queries import queries
@@ -40,6 +41,7 @@ from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.maintenance")
 
+DEFAULT_POLICY = RetryPolicy()
 PRUNE_EVERY = 60.0  # seconds between pruning passes that find little to do
 PRUNE_SLICE = 10_000  # most jobs one pruning statement deletes; a full slice
 # means more are waiting, so the next tick prunes again instead of a minute later
@@ -57,10 +59,24 @@ async def connect(url: str, application_name: str, config: WorkerConfig) -> asyn
                             settings={"statement_timeout": f"{timeout_ms}ms"})
 
 
-async def rescue(conn: asyncpg.Connection) -> int:
-    """Jobs of dead workers back to the queue; how many."""
-    row = await queries["rescue"].fetchrow(conn, worker_lock_class=WORKER_LOCK_CLASS)
-    return int(row["n"]) if row else 0
+async def rescue(conn: asyncpg.Connection, policy: RetryPolicy = DEFAULT_POLICY) -> int:
+    """Jobs of dead workers back to the queue; how many. A job its worker
+    died running alone has that attempt counted (retried after `policy`'s
+    backoff, without jitter, or failed for good); the others go back
+    uncounted; all of them run alone next time (`queries.sql: rescue`).
+    Connections the dead left behind are ended first (`reap`)."""
+    await queries["reap"].fetch(conn, worker_lock_class=WORKER_LOCK_CLASS)
+    row = await queries["rescue"].fetchrow(
+        conn, worker_lock_class=WORKER_LOCK_CLASS, base=policy.base, factor=policy.factor,
+        cap=policy.cap)
+    if row is None or not row["n"]:
+        return 0
+    if row["counted"]:
+        logger.warning("%d job(s) took their worker down (each was all it ran): the attempt "
+                       "counts, %d of them failed for good", row["counted"], row["failed"],
+                       extra={"event": "jobs_lost_with_worker", "jobs": row["counted"],
+                              "failed": row["failed"]})
+    return int(row["n"])
 
 
 async def fence(conn: asyncpg.Connection, lease: float, self_id: int) -> list[tuple[int, int]]:
@@ -124,7 +140,7 @@ class Heartbeat:
         for worker_id, terminated in fenced:
             logger.warning("fenced off worker %d (heartbeat older than %.1fs): "
                            "%d connection(s) terminated", worker_id, lease, terminated)
-        rescued = await rescue(self.conn) if fenced else 0
+        rescued = await rescue(self.conn, self.config.retry_policy) if fenced else 0
         _note_rescued(rescued, self.stats)
         return {"fenced": fenced, "rescued": rescued}
 
@@ -160,7 +176,7 @@ class Leader:
                 if self.leader:
                     logger.info("worker %d leads maintenance", self.worker_id)
             if self.leader:
-                rescued = await rescue(self.conn)
+                rescued = await rescue(self.conn, config.retry_policy)
                 scheduled = await self._schedule()
                 now = asyncio.get_running_loop().time()
                 if now - self.last_prune >= PRUNE_EVERY:
