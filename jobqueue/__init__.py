@@ -11,22 +11,24 @@
     await JobRunner().run()
 
 Read on, top-down: `enqueue` (putting jobs in, inside your transaction:
-to a queue, at a priority, under a unique key), `queues` (pausing and
-limiting a queue fleet-wide), `registry` (handlers), `schedules` (when
-recurring ones tick), `worker/` (what runs them: `runner` for a worker's
-life, `lane` and `batch` for a batch, `book` for what it knows of the
-queues, `handler` for what a handler sees, `upkeep` for heartbeat, fencing,
-rescue and pruning, `scheduler` for the recurring jobs' ticks, one
-`WorkerConfig` for all), and `schema/` (the table, its migrations, and
-`queries.sql`: every statement the queue runs). Around them: `db` (URLs and
-connections; it never starts a server), `ops/` (the CLI, the HTTP API,
-metrics, logs, `jobqueue status`), `testing` for your tests, and
-`embedded/`, the optional PostgreSQL 16 the CLI and the lab run on. `lab/`
-teaches (the lessons' helpers and example handlers) and `benchmarks/`
-measures; the queue never imports either.
+to a queue, at a priority, under a unique key, with a timeout), `queues`
+(pausing and limiting a queue fleet-wide), `control` (`wait` for a job to
+finish, by LISTEN; `cancel` one, waiting or running), `registry`
+(handlers), `schedules` (when recurring ones tick), `worker/` (what runs
+them: `runner` for a worker's life, `lane` and `batch` for a batch, `book`
+for what it knows of the queues, `handler` for what a handler sees,
+`upkeep` for heartbeat, fencing, rescue and pruning, `scheduler` for the
+recurring jobs' ticks, one `WorkerConfig` for all), and `schema/` (the
+table, its migrations, and `queries.sql`: every statement the queue runs).
+Around them: `db` (URLs and connections; it never starts a server), `ops/`
+(the CLI, the HTTP API, metrics, logs, `jobqueue status`), `testing` for
+your tests, and `embedded/`, the optional PostgreSQL 16 the CLI and the lab
+run on. `lab/` teaches (the lessons' helpers and example handlers) and
+`benchmarks/` measures; the queue never imports either.
 """
 
-from jobqueue import queues
+from jobqueue import control, queues
+from jobqueue.control import FinishedJob, wait
 from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry, JobHandler, handlers
 from jobqueue.retry import RetryPolicy
@@ -36,6 +38,7 @@ from jobqueue.worker import JobRunner, Snooze, current_job
 __version__ = "0.1.0"
 
 __all__ = [
+    "FinishedJob",
     "HandlerRegistry",
     "Job",
     "JobHandler",
@@ -43,9 +46,11 @@ __all__ = [
     "JobStatus",
     "RetryPolicy",
     "Snooze",
+    "control",
     "current_job",
     "enqueue",
     "enqueue_many",
     "handlers",
     "queues",
+    "wait",
 ]

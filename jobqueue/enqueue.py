@@ -25,6 +25,7 @@ from jobqueue.schema.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE_NAME_PATTERN,
+    TIMEOUT_MAX,
     UNIQUE_KEY_MAX_LENGTH,
 )
 from jobqueue.schema.queries import queries
@@ -100,6 +101,20 @@ def check_unique_key(value: object) -> str | None:
     return value
 
 
+def check_timeout(value: object, what: str = "timeout") -> float | None:
+    """Seconds one attempt may run (None: no limit), or a ValueError. A bool is
+    refused (True is not a duration), and so are NaN, infinity, zero or less,
+    and more than a year (TIMEOUT_MAX): a mistake of units, not a timeout."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, not {value!r}")
+    if not 0 < value <= TIMEOUT_MAX:  # NaN compares false, so it is refused here too
+        raise ValueError(f"{what} must be more than 0 and at most {TIMEOUT_MAX:,} seconds "
+                         f"(a year), not {value!r}")
+    return float(value)
+
+
 def check_run_at(value: object) -> datetime | None:
     if value is None:
         return None
@@ -166,13 +181,16 @@ async def enqueue(
     queue: str = DEFAULT_QUEUE,
     priority: int = 0,
     unique_key: str | None = None,
+    timeout: float | None = None,
 ) -> uuid.UUID:
     """Add one job in the caller's transaction and return its id.
 
     `run_at` (timezone-aware) delays the job; it is compared with the
     database's clock, not this machine's. `queue` routes it (workers serve
     some queues, or all); `priority`: higher runs first among its queue's due
-    jobs (-1000 to 1000).
+    jobs (-1000 to 1000). `timeout`: seconds one attempt may run before the
+    worker cancels it (None: the job type's default from `register(...,
+    timeout=)`, if any).
 
     `unique_key`: while an unfinished job (pending, processing, retrying) holds
     the key, nothing is written and that job's id comes back. The database's
@@ -184,7 +202,7 @@ async def enqueue(
     """
     return (await try_enqueue(session, job_type, payload, max_retries=max_retries,
                               run_at=run_at, queue=queue, priority=priority,
-                              unique_key=unique_key)).id
+                              unique_key=unique_key, timeout=timeout)).id
 
 
 async def try_enqueue(
@@ -197,6 +215,7 @@ async def try_enqueue(
     queue: str = DEFAULT_QUEUE,
     priority: int = 0,
     unique_key: str | None = None,
+    timeout: float | None = None,
 ) -> Enqueued:
     """`enqueue`, saying whether the job is new or the unique key's holder:
     for callers that must tell their own user (the CLI, the HTTP API)."""
@@ -208,6 +227,7 @@ async def try_enqueue(
         "queue": check_queue(queue),
         "priority": check_priority(priority),
         "unique_key": check_unique_key(unique_key),
+        "timeout": check_timeout(timeout),
     }
     # A key's holder can finish between the two statements: then insert again.
     for _ in range(_UNIQUE_ATTEMPTS):
@@ -236,6 +256,7 @@ async def enqueue_many(
     run_at: datetime | None = None,
     queue: str = DEFAULT_QUEUE,
     priority: int = 0,
+    timeout: float | None = None,
 ) -> list[uuid.UUID]:
     """Add many jobs of one type in one statement; ids in the payloads' order.
 
@@ -249,6 +270,7 @@ async def enqueue_many(
         "run_at": check_run_at(run_at),
         "queue": check_queue(queue),
         "priority": check_priority(priority),
+        "timeout": check_timeout(timeout),
     }
     encoded = []
     for i, payload in enumerate(payloads):

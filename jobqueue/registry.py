@@ -12,7 +12,9 @@ transaction also records the job's outcome (`worker/threads.py`).
 
 `register(..., cron=...)` or `every=...` also makes the type recur
 (`schedules.py`); the maintenance leader of whichever worker imports the
-module enqueues its ticks (`worker/scheduler.py`).
+module enqueues its ticks (`worker/scheduler.py`). `register(...,
+timeout=120)` gives the type's jobs a default timeout: a job's own
+(`enqueue(..., timeout=)`) wins over it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from jobqueue.enqueue import check_job_type
+from jobqueue.enqueue import check_job_type, check_timeout
 from jobqueue.schedules import ScheduleSpec
 from jobqueue.schema.models import DEFAULT_QUEUE
 
@@ -46,10 +48,11 @@ class HandlerRegistry:
         self._handlers: dict[str, JobHandler | SyncJobHandler] = {}
         self._sync: set[str] = set()
         self._schedules: dict[str, ScheduleSpec] = {}
+        self._timeouts: dict[str, float] = {}
 
     def register(self, job_type: str, *, cron: str | None = None, every: int | None = None,
-                 queue: str | None = None, priority: int | None = None
-                 ) -> Callable[[_Handler], _Handler]:
+                 queue: str | None = None, priority: int | None = None,
+                 timeout: float | None = None) -> Callable[[_Handler], _Handler]:
         """Decorator: `@handlers.register("send_email")`.
 
         With `cron="0 3 * * *"` (five fields, UTC) or `every=60` (seconds), the
@@ -58,8 +61,13 @@ class HandlerRegistry:
         takes its own), so they are refused without a schedule. Everything is
         checked here, before the function is even decorated: a bad schedule
         is a ValueError at the line that registers it, and nothing is kept.
+
+        `timeout`: seconds one attempt of this type may run, for jobs that
+        have no timeout of their own (the same rules as `enqueue`'s).
+        Registering the type again without it drops the default.
         """
         check_job_type(job_type)
+        default_timeout = check_timeout(timeout, f"timeout for {job_type!r}")
         spec = None
         if cron is not None or every is not None:
             spec = ScheduleSpec(cron=cron, every=every,
@@ -75,6 +83,10 @@ class HandlerRegistry:
                 self._schedules.pop(job_type, None)
             else:
                 self._schedules[job_type] = spec
+            if default_timeout is None:
+                self._timeouts.pop(job_type, None)
+            else:
+                self._timeouts[job_type] = default_timeout
             return func
 
         return decorator
@@ -98,6 +110,7 @@ class HandlerRegistry:
         self._handlers.pop(job_type, None)
         self._sync.discard(job_type)
         self._schedules.pop(job_type, None)
+        self._timeouts.pop(job_type, None)
 
     def is_sync(self, job_type: str) -> bool:
         """Is the type's handler a plain function (run in a thread)?"""
@@ -107,6 +120,11 @@ class HandlerRegistry:
     def schedules(self) -> Mapping[str, ScheduleSpec]:
         """The recurring job types and their schedules (read-only)."""
         return MappingProxyType(self._schedules)
+
+    def timeout(self, job_type: str) -> float | None:
+        """The type's default timeout in seconds (None: none); a job's own
+        timeout, when it has one, wins over it."""
+        return self._timeouts.get(job_type)
 
     def get(self, job_type: str) -> JobHandler | SyncJobHandler | None:
         return self._handlers.get(job_type)

@@ -111,6 +111,16 @@ async def test_enqueue_then_read_the_job(client: httpx.AsyncClient, conn: asyncp
     assert job["started_at"] is None and job["completed_at"] is None
 
 
+async def test_a_timeout_is_kept_and_shown(client: httpx.AsyncClient,
+                                          conn: asyncpg.Connection) -> None:
+    timed, plain = await post_job(client, timeout=2.5), await post_job(client)
+    assert await conn.fetchval("SELECT timeout FROM jobs WHERE id = $1", timed) == 2.5
+    assert (await client.get(f"/jobs/{timed}")).json()["timeout"] == 2.5
+    assert (await client.get(f"/jobs/{plain}")).json()["timeout"] is None
+    listed = {j["id"]: j["timeout"] for j in (await client.get("/jobs")).json()["jobs"]}
+    assert listed == {str(timed): 2.5, str(plain): None}
+
+
 async def test_defaults_and_a_finished_job(client: httpx.AsyncClient, db_url: str) -> None:
     job_id = await post_job(client)
     await drain(db_url, registry=succeeding())
@@ -161,6 +171,11 @@ BIG = "x" * 1_000_001
         ({"job_type": "t", "unique_key": 42}, "must be a string"),
         ({"job_type": "t", "unique_key": "a\u0000"}, "NUL"),
         ({"job_type": "t", "unique_key": "\ud800"}, "surrogate"),
+        ({"job_type": "t", "timeout": 0}, "more than 0 and at most 31,536,000"),
+        ({"job_type": "t", "timeout": -3}, "more than 0"),
+        ({"job_type": "t", "timeout": 31_536_001}, "at most 31,536,000"),
+        ({"job_type": "t", "timeout": "30"}, "number of seconds"),
+        ({"job_type": "t", "timeout": True}, "number of seconds"),
     ],
 )
 async def test_bad_input_is_a_422_with_a_message(
@@ -185,6 +200,8 @@ async def test_bad_input_is_a_422_with_a_message(
         (b'{"job_type": "t", "payload": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400,
          "parsing the body"),
         (b'["t"]', 422, "valid dictionary"),
+        (b'{"job_type": "t", "timeout": NaN}', 422, "more than 0"),
+        (b'{"job_type": "t", "timeout": Infinity}', 422, "more than 0"),
     ],
 )
 async def test_bodies_python_or_postgresql_cannot_take_are_4xx(
@@ -342,7 +359,8 @@ async def test_cancel_a_job_that_has_not_started(client: httpx.AsyncClient, db_u
     assert report["processed"] == 0 and report["failed"] == 0
     again = await client.delete(f"/jobs/{plain}")
     assert again.status_code == 409 and again.json()["detail"] == (
-        f"job {plain} is failed; only pending or retrying jobs can be cancelled")
+        f"job {plain} is failed; it has finished, so there is nothing to cancel")
+    assert (await client.delete(f"/jobs/{uuid.uuid4()}")).status_code == 404
 
     # A cancelled job is a failed one: it can be run again.
     assert (await client.post(f"/jobs/{plain}/retry")).json()["status"] == "pending"
@@ -358,16 +376,47 @@ async def test_cancel_a_retrying_job(client: httpx.AsyncClient, db_url: str) -> 
     assert len(job["error_history"]) == 1  # the real attempt, and nothing for the cancel
 
 
-async def test_a_claimed_job_cannot_be_cancelled(client: httpx.AsyncClient,
-                                                 conn: asyncpg.Connection) -> None:
-    job_id = await post_job(client)
+async def claim(conn: asyncpg.Connection, job_id: uuid.UUID) -> None:
+    """Play a worker that has claimed the job (it shows `processing`)."""
     claimed = await queries["claim"].fetch(conn, limit=1, worker_id=42, queue="default",
-                                           job_types=["t"])  # a worker took it
+                                           job_types=["t"])
     assert [r["id"] for r in claimed] == [job_id]
-    response = await client.delete(f"/jobs/{job_id}")
-    assert response.status_code == 409 and "is processing" in response.text
-    row = await conn.fetchrow("SELECT status, error_message FROM jobs WHERE id = $1", job_id)
-    assert tuple(row) == ("processing", None)
+
+
+async def test_cancel_a_running_job_asks_its_worker_and_says_it_is_still_running(
+        make_client: Callable[..., httpx.AsyncClient], conn: asyncpg.Connection) -> None:
+    async with make_client(cancel_wait=0.3) as client:
+        job_id = await post_job(client)
+        await claim(conn, job_id)
+        asked = asyncio.Queue[str]()
+        await conn.add_listener("jobqueue", lambda _c, _p, _ch, payload: asked.put_nowait(payload))
+        response = await client.delete(f"/jobs/{job_id}", params={"reason": "too slow"})
+        assert response.status_code == 202, response.text
+        job = response.json()
+        assert job["cancelling"] is True and job["status"] == "processing"
+        assert job["error_message"] is None  # the job is its worker's to end
+        assert await asyncio.wait_for(asked.get(), 5) == f"cancel:{job_id}"
+
+
+async def test_cancel_a_running_job_that_its_worker_stops(
+        make_client: Callable[..., httpx.AsyncClient], conn: asyncpg.Connection) -> None:
+    """The test plays the worker: when it hears the request, it records the
+    job failed `cancelled` with `fail`, as the worker does; the API, waiting,
+    answers 200 with the job as it ended."""
+    async with make_client(cancel_wait=30) as client:
+        job_id = await post_job(client)
+        await claim(conn, job_id)
+        asked = asyncio.Queue[str]()
+        await conn.add_listener("jobqueue", lambda _c, _p, _ch, payload: asked.put_nowait(payload))
+        deleting = asyncio.create_task(client.delete(f"/jobs/{job_id}"))
+        assert await asyncio.wait_for(asked.get(), 10) == f"cancel:{job_id}"
+        await queries["fail"].fetch(conn, ids=[job_id], errors=["cancelled"], delays=[0.0],
+                                    retry=[False], worker_id=42, taken=False)
+        response = await asyncio.wait_for(deleting, 10)
+        assert response.status_code == 200, response.text
+        job = response.json()
+        assert job["status"] == "failed" and job["error_message"] == "cancelled"
+        assert "cancelling" not in job
 
 
 @pytest.mark.parametrize(("reason", "message"),
@@ -594,7 +643,7 @@ async def test_openapi_schema_lists_the_routes(client: httpx.AsyncClient) -> Non
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     new_job = schema["components"]["schemas"]["NewJob"]
     assert set(new_job["properties"]) == {"job_type", "payload", "max_retries", "run_at",
-                                          "queue", "priority", "unique_key"}
+                                          "queue", "priority", "unique_key", "timeout"}
     assert new_job["required"] == ["job_type"]
     docs = await client.get("/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text
@@ -617,6 +666,7 @@ async def test_router_in_an_app_of_your_own(engine: AsyncEngine, conn: asyncpg.C
 
 
 async def test_module_router_with_your_own_sessions(engine: AsyncEngine, db_url: str,
+                                                    conn: asyncpg.Connection,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TOKEN_ENV, TOKEN)  # read at each request by the module's router
     sessions = async_sessionmaker(engine)
@@ -637,6 +687,10 @@ async def test_module_router_with_your_own_sessions(engine: AsyncEngine, db_url:
         await drain(db_url, registry=always_failing(), retry_policy=RetryPolicy(base=0, jitter=0))
         retried = await client.post(f"/jobs/{job_id}/retry", headers=auth)
         assert retried.status_code == 200 and retried.json()["status"] == "pending"
+        # A running job's cancel waits through a connection to the session's database.
+        await claim(conn, uuid.UUID(job_id))
+        cancelling = await client.delete(f"/jobs/{job_id}", headers=auth)
+        assert cancelling.status_code == 202 and cancelling.json()["cancelling"] is True
 
     plain = FastAPI()  # the module's router with the engine on app.state
     plain.state.jobqueue_engine = engine

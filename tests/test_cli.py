@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from jobqueue import db
+from jobqueue.testing import wait_for
 from tests.conftest import ROOT
 from tests.conftest import run_cli as jobqueue
 
@@ -86,6 +87,10 @@ async def test_run_at_schedules_the_job(db_url: str, conn: asyncpg.Connection) -
         (["queue", "limit", "mail", "--concurrency", "many"], "whole number or none"),
         (["queue", "limit", "mail", "--rate", "fast"], "must look like 20/s"),
         (["queue", "limit", "mail", "--concurrency", "2", "--rate", "5/d"], "must look like"),
+        (["enqueue", "t", "--timeout", "0"], "--timeout must be more than 0 and at most"),
+        (["enqueue", "t", "--timeout", "nan"], "--timeout must be more than 0"),
+        (["cancel", str(uuid.UUID(int=7))], "no job"),
+        (["cancel", str(uuid.UUID(int=7)), "--wait", "-1"], "--wait must be 0 or more"),
     ],
 )
 async def test_bad_input_is_one_line_and_writes_nothing(
@@ -151,6 +156,47 @@ async def test_migrate_creates_the_schema(server_url: str) -> None:
         assert again.returncode == 0 and "(already up to date)" in again.stdout
     finally:
         await db.drop_database(server_url, "jobqueue_cli_migrate")
+
+
+# -- job control: timeouts, cancel ---------------------------------------------------
+
+
+async def test_enqueue_with_a_timeout_and_see_it(db_url: str, conn: asyncpg.Connection) -> None:
+    out = jobqueue("enqueue", "t", "--timeout", "90", url=db_url)
+    assert out.returncode == 0, out.stderr
+    job_id = uuid.UUID(out.stdout.strip())
+    assert await conn.fetchval("SELECT timeout FROM jobs WHERE id = $1", job_id) == 90.0
+    detail = jobqueue("status", str(job_id), "--json", url=db_url)
+    assert json.loads(detail.stdout)["timeout"] == 90.0
+
+
+async def test_cancel_a_waiting_a_finished_and_a_running_job(
+        db_url: str, conn: asyncpg.Connection) -> None:
+    """Exit 0 cancelled, 3 finished already, 4 still running after --wait
+    (its worker asked: the test holds the claim and hears the request)."""
+    waiting, running = [r["id"] for r in await conn.fetch(
+        "INSERT INTO jobs (job_type) VALUES ('t'), ('t') RETURNING id")]
+    out = jobqueue("cancel", str(waiting), "--reason", "not needed", url=db_url)
+    assert (out.returncode, out.stdout.strip()) == (
+        0, f"job {waiting} cancelled (it was pending)"), out.stderr
+    row = await conn.fetchrow("SELECT status, error_message FROM jobs WHERE id = $1", waiting)
+    assert tuple(row) == ("failed", "cancelled: not needed")
+
+    again = jobqueue("cancel", str(waiting), url=db_url)
+    assert (again.returncode, again.stdout.strip()) == (
+        3, f"job {waiting} had already finished (failed); nothing to cancel")
+
+    claimed = await conn.fetch(
+        "UPDATE jobs SET status = 'processing', worker_id = 42, started_at = now() "
+        "WHERE id = $1 RETURNING id", running)
+    assert claimed
+    asked: list[str] = []
+    await conn.add_listener("jobqueue", lambda _c, _p, _ch, payload: asked.append(payload))
+    out = jobqueue("cancel", str(running), "--wait", "0.5", url=db_url)
+    assert (out.returncode, out.stdout.strip()) == (
+        4, f"job {running} still running after 0.5 s (it is processing): the worker running "
+           "it was asked to stop it"), out.stderr
+    await wait_for(lambda: f"cancel:{running}" in asked, message="the request")
 
 
 # -- routing: queues, priorities, unique keys, pause and limits -------------------------

@@ -9,8 +9,8 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from jobqueue import enqueue, enqueue_many
-from jobqueue.enqueue import PAYLOAD_MAX_BYTES
+from jobqueue import HandlerRegistry, enqueue, enqueue_many
+from jobqueue.enqueue import PAYLOAD_MAX_BYTES, try_enqueue
 from jobqueue.retry import RetryPolicy
 
 
@@ -79,6 +79,13 @@ BAD_CALLS = [
     (("t", {}), {"run_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))},
      "out of range"),
     (("a\ud800b", {}), {}, "surrogate"),
+    (("t", {}), {"timeout": True}, "number of seconds"),
+    (("t", {}), {"timeout": "30"}, "number of seconds"),
+    (("t", {}), {"timeout": 0}, "more than 0 and at most 31,536,000"),
+    (("t", {}), {"timeout": -1.5}, "more than 0"),
+    (("t", {}), {"timeout": math.nan}, "more than 0"),
+    (("t", {}), {"timeout": math.inf}, "more than 0"),
+    (("t", {}), {"timeout": 31_536_001}, "at most 31,536,000"),
 ]
 
 
@@ -99,6 +106,40 @@ async def test_enqueue_many_names_the_bad_payload(engine: AsyncEngine, conn) -> 
         with pytest.raises(ValueError, match=r"payload #2"):
             await enqueue_many(c, "t", [{}, {}, {"x": "\x00"}])
     assert await _jobs(conn) == 0
+
+
+async def test_a_timeout_is_stored_with_the_job(engine: AsyncEngine, conn) -> None:
+    async with engine.begin() as c:
+        one = await enqueue(c, "t", {}, timeout=30)
+        many = await enqueue_many(c, "t", [{}, {}], timeout=0.25)
+        keyed = await try_enqueue(c, "t", {}, unique_key="k", timeout=31_536_000)
+        plain = await enqueue(c, "t", {})
+    rows = dict(await conn.fetch("SELECT id, timeout FROM jobs"))
+    assert rows == {one: 30.0, many[0]: 0.25, many[1]: 0.25, keyed.id: 31_536_000.0,
+                    plain: None}
+
+
+async def noop(session: object, payload: dict) -> None:
+    return None
+
+
+def test_a_job_type_has_a_default_timeout_checked_where_it_is_registered() -> None:
+    registry = HandlerRegistry()
+    registry.register("slow", timeout=120)(noop)
+    registry.register("plain")(noop)
+    assert registry.timeout("slow") == 120.0 and registry.timeout("plain") is None
+    assert registry.timeout("unknown") is None
+    for bad, message in ((0, "more than 0"), (True, "number of seconds"),
+                         (math.inf, "more than 0"), (40_000_000, "at most 31,536,000")):
+        with pytest.raises(ValueError, match=message) as raised:
+            registry.register("bad", timeout=bad)(noop)
+        assert "'bad'" in str(raised.value) and "\n" not in str(raised.value)
+    assert "bad" not in registry  # refused before the function was decorated
+    registry.register("slow")(noop)  # registered again without one: no default any more
+    assert registry.timeout("slow") is None
+    registry.register("slow", timeout=5)(noop)
+    registry.remove("slow")
+    assert registry.timeout("slow") is None
 
 
 async def test_run_at_in_any_time_zone_is_the_same_instant(engine, conn) -> None:

@@ -276,3 +276,21 @@ async def test_a_bad_snooze_is_the_attempts_failure() -> None:
             assert "Snooze takes seconds" in str(e)
         else:
             raise AssertionError(f"Snooze({bad!r}) was accepted")
+
+
+async def test_a_types_default_timeout_applies_and_a_jobs_own_wins(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    handlers = Handlers()
+
+    @handlers.registry.register("lingering", timeout=0.3)
+    async def lingering(session: Any, payload: dict[str, Any]) -> str:
+        await asyncio.sleep(payload["seconds"])
+        return "done"
+
+    async with engine.begin() as s:
+        by_type = await enqueue(s, "lingering", {"seconds": 30}, max_retries=0)
+        own = await enqueue(s, "lingering", {"seconds": 0.6}, max_retries=0, timeout=5)
+    async with running(db_url, handlers):
+        await wait_for(lambda: _finished(conn, 2), timeout=30, message="both ended")
+    assert "timeout of 0.3 s" in (await _job(conn, by_type))["error_message"]
+    assert (await _job(conn, own))["status"] == "completed"  # its own 5 s, not the type's 0.3

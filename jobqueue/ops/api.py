@@ -3,7 +3,7 @@
     jobqueue serve                          # 127.0.0.1:8000, DATABASE_URL or the embedded server
 
 - `POST /jobs` `{job_type, payload, max_retries, run_at, queue, priority,
-  unique_key}`: enqueue; 201 `{"id": …, "existed": false}`. With a unique key
+  unique_key, timeout}`: enqueue; 201 `{"id": …, "existed": false}`. With a unique key
   that an unfinished job already holds, nothing is written and the answer is
   200 `{"id": <that job>, "existed": true}` (Location: that job): the request
   did what it asked for (one such job exists), so it is no error, and a
@@ -20,8 +20,12 @@
   `PUT /queues/{name}/limits` `{"concurrency": N|null, "rate": "20/s"|null}`
   (a field left out is kept; null removes the limit). Each answers with the
   queue's settings as they now are; a bad name or limit is a 422.
-- `DELETE /jobs/{id}?reason=`: cancel a job that has not started (`pending`
-  or `retrying`); 409 once a worker has it or it has finished.
+- `DELETE /jobs/{id}?reason=`: cancel a job (`jobqueue.control.cancel`). A
+  waiting one ends `failed` (`cancelled`) at once: 200 with the job. One a
+  worker has is asked to stop; the answer waits up to `cancel_wait` (2 s)
+  for the outcome: 200 with the job if it ended (cancelled, or finished
+  first), else 202 with the job as it stands and `"cancelling": true`. 409
+  for a job that had finished already.
 - `GET /metrics`: Prometheus' text format (see `jobqueue.ops.metrics`).
 - `GET /openapi.json`, `GET /docs`: the schema and its Swagger page
   (`create_app` only).
@@ -29,7 +33,8 @@
 A malformed id is a 422, an unknown one a 404.
 
 Input is checked by the same functions as `enqueue()` and `jobqueue enqueue`
-(`check_job_type`, `encode_payload`, `check_max_retries`, `check_run_at`), so
+(`check_job_type`, `encode_payload`, `check_max_retries`, `check_run_at`,
+`check_timeout`, …), so
 all three accept and refuse the same jobs, and nothing PostgreSQL would reject
 reaches it: every mistake is a 4xx with a message, never a 500. The API cannot
 know which job types a worker somewhere handles, so a job type is refused only
@@ -93,7 +98,7 @@ from pydantic_core import PydanticSerializationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from jobqueue import __version__, db, queues
+from jobqueue import __version__, control, db, queues
 from jobqueue.enqueue import (
     MAX_RETRIES_LIMIT,
     check_job_type,
@@ -101,6 +106,7 @@ from jobqueue.enqueue import (
     check_priority,
     check_queue,
     check_run_at,
+    check_timeout,
     check_unique_key,
     encode_payload,
     try_enqueue,
@@ -110,10 +116,10 @@ from jobqueue.ops import metrics, routing
 from jobqueue.registry import HandlerRegistry
 from jobqueue.schema.models import (
     DEFAULT_QUEUE,
-    ERROR_MESSAGE_MAX_LENGTH,
     JOB_TYPE_MAX_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    TIMEOUT_MAX,
     UNIQUE_KEY_MAX_LENGTH,
     JobStatus,
 )
@@ -128,7 +134,8 @@ TOKEN_ENV = "JOBQUEUE_API_TOKEN"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 #: Most jobs one `GET /jobs` page holds.
 PAGE_LIMIT = 500
-CANCELLED = "cancelled"
+#: How long `DELETE /jobs/{id}` waits for a running job's worker to stop it.
+DEFAULT_CANCEL_WAIT = 2.0
 #: The partial unique index that keeps a unique key to one unfinished job (migration 0004).
 UNIQUE_KEY_INDEX = "uq_jobs_unique_key"
 
@@ -156,7 +163,7 @@ class NewJob(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"job_type": "send_email", "payload": {"to": "a@example.com"}, "max_retries": 3,
          "run_at": "2030-01-01T09:00:00+00:00", "queue": "emails", "priority": 5,
-         "unique_key": "welcome:42"}]})
+         "unique_key": "welcome:42", "timeout": 30}]})
 
     job_type: str = Field(max_length=JOB_TYPE_MAX_LENGTH,
                           description="which handler runs it; 1 to 100 characters")
@@ -173,6 +180,9 @@ class NewJob(BaseModel):
     unique_key: str | None = Field(None, max_length=UNIQUE_KEY_MAX_LENGTH,
                                    description="while an unfinished job holds this key, "
                                                "no second one is made (200 with its id)")
+    timeout: float | None = Field(None, gt=0, le=TIMEOUT_MAX,
+                                  description="seconds one attempt may run before the worker "
+                                              "stops it; default: its type's, if any")
 
     # Each check runs on the raw JSON value, before pydantic would coerce it
     # ("3" to 3): the same rules as enqueue() and the CLI, with their messages.
@@ -211,6 +221,11 @@ class NewJob(BaseModel):
         key = check_unique_key(value)
         return None if key is None else _check_text(key, "unique_key")
 
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: object) -> float | None:
+        return check_timeout(value)
+
     @field_validator("run_at", mode="before")
     @classmethod
     def _run_at(cls, value: object) -> datetime | None:
@@ -243,6 +258,8 @@ class JobSummary(BaseModel):
     job_type: str
     queue: str
     priority: int
+    timeout: float | None = Field(description="seconds one attempt may run; null: none of "
+                                              "its own")
     status: JobStatus
     attempts: int = Field(description="failed attempts recorded, plus a running or "
                                       "successful one")
@@ -265,6 +282,14 @@ class Job(JobSummary):
         description="every failed attempt: attempt number, error, time")
     result: Any = None
     worker_id: int | None = Field(description="the worker that claimed it last")
+
+
+class CancellingJob(Job):
+    """A job whose worker was asked to stop it and had not yet, when answered."""
+
+    cancelling: bool = Field(True, description="true: the worker running it was asked to "
+                                               "stop it; ask for the job again to see the "
+                                               "outcome")
 
 
 class JobPage(BaseModel):
@@ -464,17 +489,20 @@ def _engine_dependency(engine: AsyncEngine) -> Callable[[], AsyncIterator[Execut
 _JSON_COLUMNS = ("payload", "error_history", "result")
 
 
-async def _fetch_job(conn: Executor, job_id: uuid.UUID) -> Response | None:
-    """The job as a JSON response. Its JSON columns are spliced in as
-    PostgreSQL wrote them: a payload nested too deeply for Python's (or
-    pydantic's) recursion, which PostgreSQL stores fine, still reads back."""
+async def _fetch_job(conn: Executor, job_id: uuid.UUID, status_code: int = 200,
+                     **extra: Any) -> Response | None:
+    """The job as a JSON response (with `extra` fields). Its JSON columns are
+    spliced in as PostgreSQL wrote them: a payload nested too deeply for
+    Python's (or pydantic's) recursion, which PostgreSQL stores fine, still
+    reads back."""
     row = (await conn.execute(queries["api_get_job"].text, {"id": job_id})).mappings().first()
     if row is None:
         return None
     scalars = {k: _jsonable(v) for k, v in row.items() if k not in _JSON_COLUMNS}
-    head = json.dumps(scalars, ensure_ascii=False, separators=(",", ":"))
+    head = json.dumps({**scalars, **extra}, ensure_ascii=False, separators=(",", ":"))
     raw = ",".join(f'"{k}":{"null" if row[k] is None else row[k]}' for k in _JSON_COLUMNS)
-    return Response(f"{head[:-1]},{raw}}}", media_type="application/json")
+    return Response(f"{head[:-1]},{raw}}}", media_type="application/json",
+                    status_code=status_code)
 
 
 def _jsonable(value: Any) -> Any:
@@ -504,6 +532,7 @@ def create_router(
     registry: HandlerRegistry | None = None,
     token: str | None = _FROM_ENV,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cancel_wait: float = DEFAULT_CANCEL_WAIT,
 ) -> APIRouter:
     """The API's routes, for `app.include_router(...)`.
 
@@ -511,6 +540,7 @@ def create_router(
         override). registry: if given, job types without a handler in it are
         refused. token: the bearer token; by default `JOBQUEUE_API_TOKEN`,
         read at each request; None: no token. max_body_bytes: request body limit.
+    cancel_wait: seconds `DELETE /jobs/{id}` waits for a running job to stop.
     """
     route_class = type("JobqueueRoute", (_GuardedRoute,),
                        {"token": token, "max_body_bytes": max_body_bytes})
@@ -530,7 +560,7 @@ def create_router(
             job = await try_enqueue(conn, new.job_type, new.payload,
                                     max_retries=new.max_retries, run_at=new.run_at,
                                     queue=new.queue, priority=new.priority,
-                                    unique_key=new.unique_key)
+                                    unique_key=new.unique_key, timeout=new.timeout)
         response.headers["Location"] = str(request.url_for("jobqueue_get_job", job_id=job.id))
         if not job.created:
             response.status_code = 200
@@ -568,27 +598,25 @@ def create_router(
         return await _retry(conn, job_id)
 
     @r.delete("/jobs/{job_id}", response_model=Job, name="jobqueue_cancel_job",
-              summary="Cancel a job that has not started",
-              description="Only a `pending` or `retrying` job: it ends `failed` with "
-                          "error_message `cancelled` (`cancelled: <reason>`), and no "
-                          "attempt is added to its error history.",
-              responses={404: {"model": Problem}, 409: {"model": Problem}}, tags=["jobs"])
+              summary="Cancel a job: at once if it waits, else ask its worker to stop it",
+              description="A `pending` or `retrying` job that no worker holds ends `failed` "
+                          "at once with error_message `cancelled` (`cancelled: <reason>`), "
+                          "and no attempt is added to its error history: 200. A job a "
+                          "worker has (running, or locked in a quick batch) is asked to "
+                          f"stop, and the answer waits up to {cancel_wait:g} s: 200 with "
+                          "the job if it ended by then (cancelled, or finished first), "
+                          "else 202 with the job as it stands and `cancelling: true`. The "
+                          "worker records `cancelled` without the reason. 409: the job "
+                          "had finished already.",
+              responses={202: {"model": CancellingJob}, 404: {"model": Problem},
+                         409: {"model": Problem}}, tags=["jobs"])
     async def cancel_job(
         job_id: uuid.UUID,
         conn: Conn,
         reason: Annotated[str | None, Query(
-            max_length=ERROR_MESSAGE_MAX_LENGTH - len(CANCELLED) - 2,
-            description="kept in error_message")] = None,
+            max_length=control.REASON_MAX_LENGTH, description="kept in error_message")] = None,
     ) -> Response:
-        message = CANCELLED if not reason else f"{CANCELLED}: {_check_text(reason, 'reason')}"
-        async with conn.begin():
-            cancelled = (await conn.execute(queries["api_cancel_job"].text,
-                                            {"id": job_id, "error_message": message})).first()
-            if cancelled is None:
-                await _refuse(conn, job_id, "only pending or retrying jobs can be cancelled")
-            job = await _fetch_job(conn, job_id)
-        assert job is not None
-        return job
+        return await _cancel(conn, job_id, reason, cancel_wait)
 
     _add_queue_routes(r, Conn)
 
@@ -667,6 +695,37 @@ async def _refuse(conn: Executor, job_id: uuid.UUID, rule: str) -> None:
     raise HTTPException(409, f"job {job_id} is {status}; {rule}")
 
 
+async def _cancel(conn: Executor, job_id: uuid.UUID, reason: str | None,
+                  cancel_wait: float) -> Response:
+    """`DELETE /jobs/{id}`: cancel, and if a worker has the job, wait a
+    little for it to end (the answer says whether it did)."""
+    async with conn.begin():
+        try:
+            outcome = await control.cancel(conn, job_id, reason)
+        except LookupError:
+            raise _not_found(job_id) from None
+        except control.JobFinished as finished:
+            raise HTTPException(409, str(finished)) from None
+    status_code, extra = 200, {}
+    if not outcome.cancelled:
+        try:
+            await control.wait(job_id, timeout=cancel_wait, database=_database_url(conn))
+        except TimeoutError:
+            status_code, extra = 202, {"cancelling": True}
+    job = await _fetch_job(conn, job_id, status_code, **extra)
+    if job is None:  # deleted meanwhile
+        raise _not_found(job_id)
+    return job
+
+
+def _database_url(conn: Executor) -> str:
+    """The URL behind a route's connection or session: `wait` opens a
+    connection of its own there (it LISTENs)."""
+    if isinstance(conn, AsyncSession):
+        return conn.sync_session.get_bind().engine.url.render_as_string(hide_password=False)
+    return conn.engine.url.render_as_string(hide_password=False)
+
+
 async def _retry(conn: Executor, job_id: uuid.UUID) -> Response:
     """`POST /jobs/{id}/retry`. The unique index refuses a retry whose key
     another unfinished job took since: a 409 naming it, not a 500."""
@@ -727,6 +786,7 @@ def create_app(
     registry: HandlerRegistry | None = None,
     token: str | None = _FROM_ENV,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cancel_wait: float = DEFAULT_CANCEL_WAIT,
 ) -> FastAPI:
     """The API as an application (what `jobqueue serve` runs).
 
@@ -748,7 +808,7 @@ def create_app(
                   openapi_url=None, docs_url=None, redoc_url=None)
     app.state.jobqueue_engine = engine
     app.include_router(create_router(engine, registry=registry, token=token,
-                                     max_body_bytes=max_body_bytes))
+                                     max_body_bytes=max_body_bytes, cancel_wait=cancel_wait))
     app.include_router(_docs_router(app, token, max_body_bytes))
     return app
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import importlib
 import json
@@ -102,6 +103,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         check_priority,
         check_queue,
         check_run_at,
+        check_timeout,
         check_unique_key,
         encode_payload,
         try_enqueue,
@@ -125,6 +127,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         check_queue(args.queue)
         check_priority(args.priority)
         check_unique_key(args.unique_key)
+        check_timeout(args.timeout, "--timeout")
     except ValueError as e:
         raise CliError(str(e)) from None
 
@@ -137,7 +140,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 return await try_enqueue(conn, args.job_type, payload,
                                          max_retries=args.max_retries, run_at=run_at,
                                          queue=args.queue, priority=args.priority,
-                                         unique_key=args.unique_key)
+                                         unique_key=args.unique_key, timeout=args.timeout)
         finally:
             await engine.dispose()
 
@@ -147,6 +150,60 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         print(f"jobqueue: unique key {args.unique_key!r} is held by unfinished job {job.id}; "
               "nothing enqueued", file=sys.stderr)
     return 0
+
+
+#: `jobqueue cancel`'s exit codes besides 0 (cancelled) and 1 (an error).
+CANCEL_FINISHED = 3
+CANCEL_RUNNING = 4
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Exit 0: the job is cancelled (at once, or its worker stopped it); 3:
+    it had finished, or finished first; 4: its worker was asked and it is
+    still going after --wait seconds; 1: an error (no such job, bad input)."""
+    from jobqueue import control
+    from jobqueue.schema.queries import queries
+
+    try:
+        job_id = control.as_job_id(args.job_id)
+        reason = control.check_reason(args.reason)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if not args.wait >= 0 or args.wait == float("inf"):
+        raise CliError(f"--wait must be 0 or more seconds, not {args.wait}")
+    url = use_database()
+
+    async def go() -> tuple[int, str]:
+        engine = db.create_engine(url)
+        try:
+            async with engine.begin() as conn:
+                try:
+                    outcome = await control.cancel(conn, job_id, reason)
+                except LookupError as e:
+                    raise CliError(str(e)) from None
+                except control.JobFinished as e:
+                    return CANCEL_FINISHED, f"job {job_id} had already finished ({e.status}); " \
+                                            "nothing to cancel"
+            if outcome.cancelled:
+                return 0, f"job {job_id} cancelled (it was {outcome.was})"
+            if args.wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    job = await control.wait(job_id, timeout=args.wait, database=engine)
+                    if job.cancelled:
+                        return 0, f"job {job_id} cancelled: the worker running it stopped it"
+                    return CANCEL_FINISHED, f"job {job_id} finished first: {job.status}"
+            async with engine.connect() as conn:
+                status = (await conn.execute(queries["job_status"].text,
+                                             {"id": job_id})).scalar()
+            return CANCEL_RUNNING, (f"job {job_id} still running after {args.wait:g} s "
+                                    f"(it is {status}): the worker running it was asked to "
+                                    "stop it")
+        finally:
+            await engine.dispose()
+
+    code, line = asyncio.run(go())
+    print(line)
+    return code
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -477,7 +534,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--unique-key", metavar="KEY",
                    help="while an unfinished job holds KEY, print its id instead of "
                         "enqueuing another")
+    s.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="seconds one attempt may run before the worker stops it "
+                        "(default: its type's, if any)")
     s.set_defaults(func=cmd_enqueue)
+
+    s = add("cancel", help="cancel a waiting job, or ask the worker running it to stop it",
+            description="A pending or retrying job no worker holds ends failed "
+                        "(error_message 'cancelled') at once. A job a worker has is asked "
+                        "to stop (NOTIFY), and the command waits up to --wait seconds for "
+                        "the outcome. Exit status: 0 cancelled; 3 it had finished, or "
+                        "finished first; 4 still running after --wait seconds (the worker "
+                        "was asked); 1 an error (no such job, bad input).")
+    s.add_argument("job_id", metavar="JOB_ID")
+    s.add_argument("--reason", help="kept in error_message ('cancelled: REASON') of a job "
+                                    "cancelled at once; a worker records 'cancelled'")
+    s.add_argument("--wait", type=float, default=5.0, metavar="SECONDS",
+                   help="how long to wait for a running job's worker to stop it "
+                        "(default 5; 0: do not wait)")
+    s.set_defaults(func=cmd_cancel)
 
     s = add("worker", help="run jobs until SIGTERM or SIGINT")
     s.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",

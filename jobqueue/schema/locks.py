@@ -20,5 +20,9 @@ QUEUE_LOCK_CLASS = 74_173
 #: The channel new jobs are announced on (a trigger on `jobs` notifies it).
 CHANNEL = "jobqueue"
 #: A notification on CHANNEL whose payload is this prefix and a job's id asks
-#: the worker running that job to stop it (`jobqueue cancel`, `DELETE /jobs/{id}`).
+#: the worker running that job to stop it (`jobqueue cancel`, `DELETE /jobs/{id}`;
+#: `queries.sql: cancel` sends it).
 CANCEL_PREFIX = "cancel:"
+#: The channel a finished job is announced on, its id as the payload, when a
+#: caller of `jobqueue.wait()` waits for it (`complete`, `fail`, `cancel`, `rescue`).
+DONE_CHANNEL = "jobqueue_done"

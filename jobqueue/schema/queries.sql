@@ -10,10 +10,12 @@
 -- unique key already held by an unfinished job, nothing is written and no row
 -- comes back (the partial unique index decides, so concurrent enqueues of one
 -- key cannot both insert; a second one waits for the first to commit or roll
--- back). `find_unique` then names the job that holds the key.
-INSERT INTO jobs (job_type, payload, max_retries, run_at, queue, priority, unique_key)
+-- back). `find_unique` then names the job that holds the key. NULL :timeout:
+-- none of its own (the worker then applies its type's default, if any).
+INSERT INTO jobs (job_type, payload, max_retries, run_at, queue, priority, unique_key, timeout)
 VALUES (:job_type, CAST(:payload AS jsonb), :max_retries,
-        COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority, :unique_key)
+        COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority, :unique_key,
+        CAST(:timeout AS float8))
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'processing', 'retrying')
     DO NOTHING
@@ -31,9 +33,10 @@ WITH new AS (
     SELECT gen_random_uuid() AS id, payload, n
     FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS t(payload, n)
 ), inserted AS (
-    INSERT INTO jobs (id, job_type, payload, max_retries, run_at, queue, priority)
+    INSERT INTO jobs (id, job_type, payload, max_retries, run_at, queue, priority, timeout)
     SELECT id, :job_type, CAST(payload AS jsonb), :max_retries,
-           COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority
+           COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority,
+           CAST(:timeout AS float8)
     FROM new
 )
 SELECT id FROM new ORDER BY n;
@@ -202,6 +205,12 @@ ROLLBACK TO SAVEPOINT jobqueue_job;
 -- they are still waiting and locked by it. Otherwise only jobs this worker
 -- claimed and still owns are touched: the caller rolls back everything if a
 -- row is missing. Returns each job's latency (from enqueue or due time).
+-- `told`: a job that a caller of `jobqueue.wait()` waits for (a row in
+-- jobqueue_waiters) is announced on channel jobqueue_done, at commit. The
+-- first EXISTS is an InitPlan, run once per statement: when nobody waits it
+-- is one look at an empty table, and the per-row probe never runs. (In
+-- RETURNING rather than a CTE, which would copy every row through a
+-- tuplestore for the rare waiter.)
 UPDATE jobs AS j
 SET status = 'completed', completed_at = statement_timestamp(), next_retry_at = NULL,
     result = CAST(d.result AS jsonb), worker_id = :worker_id,
@@ -211,12 +220,16 @@ WHERE j.id = d.id
   AND CASE WHEN :taken THEN j.status IN ('pending', 'retrying')
            ELSE j.status = 'processing' AND j.worker_id = :worker_id END
 RETURNING CAST(extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at))
-               AS float8) AS latency;
+               AS float8) AS latency,
+          CASE WHEN EXISTS (SELECT FROM jobqueue_waiters)
+                    AND EXISTS (SELECT FROM jobqueue_waiters AS w WHERE w.job_id = j.id)
+               THEN pg_notify('jobqueue_done', CAST(j.id AS text)) END AS told;
 
 -- fail --
 -- Record failed attempts (:taken as in `complete`): each becomes `retrying`,
 -- due after its backoff, or `failed` for good; every attempt is appended to
--- error_history.
+-- error_history. The waiters of a job failed for good are told as in
+-- `complete` (a job that will be retried has not finished).
 UPDATE jobs AS j
 SET status = CASE WHEN d.retry THEN 'retrying' ELSE 'failed' END,
     retry_count = j.retry_count + CASE WHEN d.retry THEN 1 ELSE 0 END,
@@ -236,7 +249,10 @@ FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[]),
 WHERE j.id = d.id
   AND CASE WHEN :taken THEN j.status IN ('pending', 'retrying')
            ELSE j.status = 'processing' AND j.worker_id = :worker_id END
-RETURNING j.id;
+RETURNING j.id,
+          CASE WHEN NOT d.retry AND EXISTS (SELECT FROM jobqueue_waiters)
+                    AND EXISTS (SELECT FROM jobqueue_waiters AS w WHERE w.job_id = j.id)
+               THEN pg_notify('jobqueue_done', CAST(j.id AS text)) END AS told;
 
 -- snooze --
 -- Jobs whose handlers asked to run again later (`Snooze`): due after their
@@ -394,7 +410,14 @@ WITH live AS MATERIALIZED (
     RETURNING j.id, s.n = 1 AS counted, j.status
 )
 SELECT n, counted, failed,
-       CASE WHEN n > 0 THEN pg_notify('jobqueue', 'alone') END AS notified
+       CASE WHEN n > 0 THEN pg_notify('jobqueue', 'alone') END AS notified,
+       -- The callers of `jobqueue.wait()` of a job failed for good hear of it.
+       CASE WHEN failed > 0
+            THEN (SELECT count(pg_notify('jobqueue_done', CAST(b.id AS text)))
+                  FROM back AS b
+                  WHERE b.status = 'failed'
+                    AND EXISTS (SELECT FROM jobqueue_waiters AS w WHERE w.job_id = b.id))
+       END AS told
 FROM (SELECT count(*) AS n, count(*) FILTER (WHERE counted) AS counted,
              count(*) FILTER (WHERE status = 'failed') AS failed
       FROM back) AS c;
@@ -530,7 +553,18 @@ SELECT set_config('application_name', :name, false);
 SELECT pg_try_advisory_lock(:lock_class, :key) AS locked;
 
 -- prune --
--- Delete finished jobs past their retention, a bounded slice at a time.
+-- Delete finished jobs past their retention, a bounded slice at a time (the
+-- command tag counts them). On the way, forget the waiters of
+-- `jobqueue.wait()` that died without deleting their row: their connection
+-- is gone (no backend with their pid, or a newer one that reuses it) or
+-- their job is. A data-modifying CTE always runs, referenced or not.
+WITH gone_waiters AS (
+    DELETE FROM jobqueue_waiters AS w
+    WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = w.job_id)
+       OR NOT EXISTS (SELECT 1 FROM pg_stat_activity AS a
+                      WHERE a.pid = w.pid
+                        AND (a.backend_start IS NULL OR a.backend_start <= w.since))
+)
 DELETE FROM jobs
 WHERE id IN (
     SELECT id FROM jobs
@@ -595,8 +629,8 @@ ORDER BY started_at;
 
 -- get_job --
 -- One job, everything about it.
-SELECT id, job_type, queue, priority, unique_key, payload, status, retry_count, max_retries,
-       next_retry_at, run_at,
+SELECT id, job_type, queue, priority, unique_key, timeout, payload, status, retry_count,
+       max_retries, next_retry_at, run_at,
        error_message, error_history, result, created_at, started_at, completed_at, worker_id
 FROM jobs
 WHERE id = :id;
@@ -608,7 +642,7 @@ WHERE id = :id;
 -- pagination: (:before_created_at, :before_id) is the last row of the previous
 -- page (NULL for the first), so a deep page costs what the first one does and
 -- jobs added meanwhile never shift a page (each job shows up once).
-SELECT id, job_type, queue, priority, status, retry_count, max_retries, run_at,
+SELECT id, job_type, queue, priority, timeout, status, retry_count, max_retries, run_at,
        next_retry_at, error_message, created_at, started_at, completed_at,
        jsonb_array_length(error_history)
            + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts
@@ -637,17 +671,6 @@ WITH retried AS (
     RETURNING id
 )
 SELECT id, pg_notify('jobqueue', '') AS notified FROM retried;
-
--- api_cancel_job --
--- Cancel a job that has not started: it ends `failed` with :error_message
--- ('cancelled…') and no entry in error_history (no attempt was made). If a
--- worker claims it at the same instant, one of the two waits for the other's
--- row lock: a claim that won leaves it `processing`, and no row comes back.
-UPDATE jobs
-SET status = 'failed', error_message = :error_message, completed_at = statement_timestamp(),
-    next_retry_at = NULL, started_at = NULL
-WHERE id = :id AND status IN ('pending', 'retrying')
-RETURNING id;
 
 -- metrics_jobs --
 -- How many jobs are in each state, by queue and type; how many are due, and
@@ -725,7 +748,7 @@ LIMIT :limit;
 -- One job for the HTTP API, with its attempts (failed ones recorded, plus a
 -- running or successful one). The JSON columns come as text and go into the
 -- response as they are: no parsing, however large or deeply nested.
-SELECT id, job_type, queue, priority, unique_key, status,
+SELECT id, job_type, queue, priority, unique_key, timeout, status,
        jsonb_array_length(error_history)
            + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts,
        retry_count, max_retries, run_at, next_retry_at, error_message,
@@ -772,6 +795,58 @@ SELECT pg_notify('jobqueue', 'queues') FROM s;
 -- take the fast path.
 DELETE FROM jobqueue_queues
 WHERE name = :queue AND NOT paused AND concurrency IS NULL AND rate_limit IS NULL;
+
+-- ---- Waiting for a job, cancelling one (jobqueue.control) ----
+
+-- wait_register --
+-- A caller of `jobqueue.wait()` says which job it waits for, on the
+-- connection it listens on (pid: that backend, so `prune` can tell a caller
+-- that died); `complete` and `fail` notify the jobs that have a row here.
+INSERT INTO jobqueue_waiters (job_id) VALUES (:job_id)
+ON CONFLICT DO NOTHING;
+
+-- wait_check --
+-- The job as it is now, for a waiter. FOR SHARE: a job whose finishing is
+-- under way (its row updated by a statement that has not committed, or
+-- locked by a quick batch) is read once that transaction ends, never as it
+-- was before: had the finisher's snapshot missed this waiter's row, its
+-- outcome is seen here instead. No row: no such job.
+SELECT id, job_type, queue, status, retry_count, error_message,
+       CAST(result AS text) AS result, CAST(error_history AS text) AS error_history,
+       created_at, started_at, completed_at
+FROM jobs
+WHERE id = :job_id
+FOR SHARE;
+
+-- wait_forget --
+-- A waiter leaves (its job finished, or it gave up).
+DELETE FROM jobqueue_waiters WHERE job_id = :job_id AND pid = pg_backend_pid();
+
+-- cancel --
+-- Cancel a job. A waiting one (pending or retrying) that no worker holds
+-- ends `failed` at once with :error_message ('cancelled…') and no entry in
+-- error_history (no attempt was made); its waiters are told. One a worker
+-- has (processing, or locked in a quick batch: SKIP LOCKED, so a cancel
+-- never queues behind a batch) is asked to stop instead: 'cancel:<id>' on
+-- the workers' channel, at commit. A finished job is left as it is. The row
+-- says what the job was (this statement's snapshot) and whether it was
+-- cancelled here; no row: no such job.
+WITH cancelled AS (
+    UPDATE jobs AS j
+    SET status = 'failed', error_message = :error_message, completed_at = statement_timestamp(),
+        next_retry_at = NULL, started_at = NULL
+    WHERE j.id = (SELECT id FROM jobs WHERE id = :id AND status IN ('pending', 'retrying')
+                  FOR UPDATE SKIP LOCKED)
+    RETURNING j.id
+)
+SELECT j.status AS was, c.id IS NOT NULL AS cancelled,
+       CASE WHEN c.id IS NOT NULL
+            THEN (SELECT count(pg_notify('jobqueue_done', CAST(w.job_id AS text)))
+                  FROM jobqueue_waiters AS w WHERE w.job_id = c.id) END AS waiters_told,
+       CASE WHEN c.id IS NULL AND j.status IN ('pending', 'retrying', 'processing')
+            THEN pg_notify('jobqueue', 'cancel:' || CAST(j.id AS text)) END AS asked
+FROM jobs AS j LEFT JOIN cancelled AS c ON c.id = j.id
+WHERE j.id = :id;
 
 -- ---- Schedules ----
 

@@ -332,6 +332,10 @@ class Lane:
         time if the queue is limited, else taken or claimed as planned."""
         return LIMITED if self.life.book.limited(queue) else TAKEN if take else CLAIMED
 
+    def timeout_of(self, job: ClaimedJob) -> float | None:
+        """The job's own timeout, else its type's default (`register(timeout=)`)."""
+        return job.timeout if job.timeout is not None else self.registry.timeout(job.job_type)
+
     def alone_kind(self) -> BatchKind:
         """How this lane claims a job that must run alone."""
         return ALONE
@@ -596,7 +600,7 @@ class Lane:
         handler swallowed it, and its reason is put in `stopped`."""
         stopper = self.stopper
         assert stopper is not None
-        stopper.start(job.id, job.timeout)
+        stopper.start(job.id, self.timeout_of(job))
         session_info[IN_HANDLER] = True
         try:
             result = await handler(session, json.loads(job.payload))

@@ -467,9 +467,9 @@ class ThreadLane(Lane):
             self.jobs[task] = run
             task.add_done_callback(self.jobs.pop)
             task.add_done_callback(lambda _: gate.leave())
-            if job.timeout is not None:
-                timer = loop.call_later(job.timeout, self.interrupt, job.id,
-                                        timed_out(job.timeout))
+            timeout = self.timeout_of(job)
+            if timeout is not None:
+                timer = loop.call_later(timeout, self.interrupt, job.id, timed_out(timeout))
                 task.add_done_callback(_cancelling(timer))
             tasks.append(task)
         if batch is ALONE_CLAIM_ONLY:
