@@ -90,14 +90,14 @@ class Stopper:
             self._deadline = (loop.time() + timeout, timeout)
             self._timer = loop.call_later(timeout, self.stop, job_id, timed_out(timeout))
 
-    async def finish(self) -> str | None:
-        """The handler is over: why it was stopped (None: it was not). Waits
-        for a statement cancel still on its way, so that it cannot reach a
-        statement of the lane's own."""
-        for handle in (self._timer, self._retry):
-            if handle is not None:
-                handle.cancel()
-        self._timer = self._retry = None
+    def finish(self) -> str | None:
+        """The handler is over: why it was stopped (None: it was not). Costs
+        next to nothing for a handler that nobody stopped and that had no
+        timeout: the lane calls it for every job. Then, if `cancelling`,
+        await `settled()` before the lane's next statement."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._deadline is not None:
             # A handler that blocked the loop past its time returns before
             # its timer could run: it has timed out all the same.
@@ -105,12 +105,27 @@ class Stopper:
             if self.reason is None and asyncio.get_running_loop().time() >= deadline:
                 self.reason = timed_out(timeout)
             self._deadline = None
+        self.job_id = None
+        reason = self.reason
+        if reason is not None:
+            if self._retry is not None:
+                self._retry.cancel()
+                self._retry = None
+            self.reason = None
+            self.info.pop(INTERRUPT, None)
+        return reason
+
+    @property
+    def cancelling(self) -> bool:
+        """A statement cancel is still on its way to the server."""
+        return self._statement_cancel is not None
+
+    async def settled(self) -> None:
+        """Wait for the statement cancel to have been sent, so that it cannot
+        reach a statement of the lane's own."""
         if self._statement_cancel is not None:
             await asyncio.gather(self._statement_cancel, return_exceptions=True)
             self._statement_cancel = None
-        reason, self.reason, self.job_id = self.reason, None, None
-        self.info.pop(INTERRUPT, None)
-        return reason
 
     def stop(self, job_id: uuid.UUID, reason: str) -> bool:
         """Stop the handler running `job_id`, if this lane runs it; True if so.

@@ -611,9 +611,11 @@ class Lane:
             result = None
         finally:
             session_info[IN_HANDLER] = False
-            reason = await stopper.finish()
+            reason = stopper.finish()
             if reason is not None:  # whatever the handler raised on its way out
                 stopped.append(reason)
+                if stopper.cancelling:
+                    await stopper.settled()
         if reason is not None:
             raise JobInterrupted(reason)
         return result
