@@ -77,10 +77,9 @@ RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j
 -- one new row version per job instead of two. The lock keeps other workers
 -- off until the commit; a crash rolls back and releases them untouched.
 -- What it may take is what `claim` may (the same queue, types and gate).
--- The transaction's id comes back with every row: the lane writes it and
+-- The lane then reads the transaction's id (`batch_xid`) and writes it with
 -- the ids in `jobqueue_batches` (`record_batch`) before it runs them.
-SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout,
-       CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout
 FROM jobs
 WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
   AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
@@ -181,8 +180,7 @@ SELECT name, paused, concurrency, rate_limit, rate_period FROM jobqueue_queues;
 -- Lock given jobs again, if still waiting and due (a quick batch that could
 -- not commit is rerun one job per transaction; meanwhile another worker may
 -- have tried one and scheduled its retry for later).
-SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout,
-       CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout
 FROM jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
   AND run_at <= now()
@@ -287,6 +285,10 @@ WITH back AS (
 )
 SELECT n, CASE WHEN n > 0 THEN pg_notify('jobqueue', '') END AS notified
 FROM (SELECT count(*) AS n FROM back) AS c;
+
+-- batch_xid --
+-- The id of the open batch transaction (assigned by the row locks it took).
+SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid;
 
 -- record_batch --
 -- Before a quick batch runs: its jobs and its transaction, on a connection

@@ -112,7 +112,7 @@ class Taken:
         if locked is None:
             return None
         tx, rows = locked
-        return Started(tx, _jobs(rows), rows[0]["xid"])
+        return Started(tx, list(map(ClaimedJob._make, rows)), await _xid(raw, tx))
 
     async def again(self, raw: Any, jobs: list[ClaimedJob]) -> Started | None:
         """The rollback released them: lock again those no other worker took
@@ -122,7 +122,8 @@ class Taken:
             return None
         tx, rows = locked
         order = {j.id: n for n, j in enumerate(jobs)}
-        return Started(tx, sorted(_jobs(rows), key=lambda j: order[j.id]), rows[0]["xid"])
+        return Started(tx, sorted(map(ClaimedJob._make, rows), key=lambda j: order[j.id]),
+                       await _xid(raw, tx))
 
     def to_hand_back(self, ids: list[uuid.UUID]) -> list[uuid.UUID]:
         """Nothing: the end of their transaction releases them untouched."""
@@ -133,10 +134,14 @@ CLAIMED, LIMITED, ALONE, TAKEN = Claimed(), Limited(), Alone(), Taken()
 BatchKind = Claimed | Taken
 
 
-def _jobs(rows: list[Any]) -> list[ClaimedJob]:
-    """Locked rows as jobs (their last column, the transaction's id, dropped)."""
-    width = len(ClaimedJob._fields)
-    return [ClaimedJob._make(tuple(row)[:width]) for row in rows]
+async def _xid(raw: Any, tx: Any) -> int:
+    """The open batch transaction's id (a statement of its own: as a column of
+    `take` it cost a function call and a cast per row)."""
+    try:
+        return int(await queries["batch_xid"].fetchval(raw))
+    except BaseException:
+        await rollback(tx)
+        raise
 
 
 async def lock(raw: Any, query: str, **values: Any) -> tuple[Any, list[Any]] | None:
