@@ -260,13 +260,16 @@ async def test_a_killed_quick_batch_leaves_nothing_to_put_back_and_runs_alone_ne
     assert await tour.held_by(conn, crew, "first") == []
     await crew.signal(conn, "first", signal.SIGKILL)
     await tour.wait_released(conn, ids)
-    # Its ledger row names the batch: each job is marked to run alone, none blamed.
-    assert await rescue(conn) == len(taken) > 1
+    # Its ledger rows name its batches: each job is marked to run alone, none
+    # blamed. (A lane frozen between its take and its ledger write had run
+    # nothing yet: those jobs are simply waiting again, unmarked.)
+    marked = await rescue(conn)
+    assert 0 < marked <= len(taken)
     assert await tour.fate(conn, crew, taken) == {
         "status": ["pending"], "retry_count": [0], "worker": ["nobody"],
         "rows in lab_writes": [0], "attempts written": []}
-    assert await conn.fetchval("SELECT bool_and(run_alone) FROM jobs WHERE id = ANY($1)",
-                               taken)
+    assert await conn.fetchval("SELECT count(*) FILTER (WHERE run_alone) FROM jobs "
+                               "WHERE id = ANY($1)", taken) == marked
     await drain(db_url, registry=tour.lesson_registry())
     done = await tour.fate(conn, crew, ids)
     assert done["status"] == ["completed"] and done["rows in lab_writes"] == [1]
