@@ -47,14 +47,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import db
 from jobqueue.enqueue import Executor, check_strings
-from jobqueue.schema.locks import DONE_CHANNEL
+from jobqueue.schema.locks import CANCELLED, DONE_CHANNEL
 from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, JobStatus
 from jobqueue.schema.queries import queries
 
 logger = logging.getLogger(__name__)
 
-#: The error_message of a cancelled job (`cancelled: <reason>` with a reason).
-CANCELLED = "cancelled"
 #: Longest reason a cancel keeps (error_message holds `cancelled: ` before it).
 REASON_MAX_LENGTH = ERROR_MESSAGE_MAX_LENGTH - len(CANCELLED) - 2
 #: The states a job does not leave by itself: what `wait` waits for.

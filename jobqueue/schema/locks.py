@@ -26,3 +26,6 @@ CANCEL_PREFIX = "cancel:"
 #: The channel a finished job is announced on, its id as the payload, when a
 #: caller of `jobqueue.wait()` waits for it (`complete`, `fail`, `cancel`, `rescue`).
 DONE_CHANNEL = "jobqueue_done"
+#: The error_message of a job cancelled (waiting, or stopped while it ran):
+#: nothing else, so that tools can match it (a reason may follow, `: why`).
+CANCELLED = "cancelled"

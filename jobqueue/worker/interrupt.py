@@ -39,8 +39,6 @@ from sqlalchemy.util import greenlet_spawn
 
 from jobqueue.worker.handler import IN_HANDLER, IN_STATEMENT, INTERRUPT
 
-#: The error a cancelled job ends with: nothing else, so that tools can match it.
-CANCELLED = "cancelled"
 #: How often a stop waiting for the handler to leave SQLAlchemy looks again.
 _RETRY_S = 0.001
 

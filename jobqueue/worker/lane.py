@@ -49,6 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from jobqueue.errors import is_connection_error, one_line
 from jobqueue.registry import HandlerRegistry, JobHandler
+from jobqueue.schema.locks import CANCELLED
 from jobqueue.schema.queries import queries
 from jobqueue.worker.alone import AloneGate
 from jobqueue.worker.batch import (
@@ -93,7 +94,7 @@ from jobqueue.worker.handler import (
     touched,
     undo_impossible,
 )
-from jobqueue.worker.interrupt import CANCELLED, Stopper
+from jobqueue.worker.interrupt import Stopper
 from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.worker")

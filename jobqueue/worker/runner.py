@@ -56,6 +56,7 @@ from jobqueue.registry import HandlerRegistry, handlers
 from jobqueue.schema.locks import (
     ACTIVE_KEY,
     CANCEL_PREFIX,
+    CANCELLED,
     CHANNEL,
     LOCK_CLASS,
     WORKER_LOCK_CLASS,
@@ -66,7 +67,6 @@ from jobqueue.worker.alone import ALONE, AloneGate
 from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.handler import lane_engine
-from jobqueue.worker.interrupt import CANCELLED
 from jobqueue.worker.lane import Lane, Life
 from jobqueue.worker.stats import WorkerStats
 from jobqueue.worker.threads import ThreadLane, ThreadPool, sync_life, thread_engine

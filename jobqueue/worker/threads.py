@@ -74,6 +74,7 @@ from sqlalchemy.orm import Session
 from jobqueue import db
 from jobqueue.errors import is_connection_error, one_line
 from jobqueue.registry import SyncJobHandler
+from jobqueue.schema.locks import CANCELLED
 from jobqueue.schema.queries import queries
 from jobqueue.worker.batch import (
     SNOOZED,
@@ -99,7 +100,7 @@ from jobqueue.worker.handler import (
     error_text,
     refuse_handler_commit,
 )
-from jobqueue.worker.interrupt import CANCELLED, timed_out
+from jobqueue.worker.interrupt import timed_out
 from jobqueue.worker.lane import Lane, Life, Plan
 
 logger = logging.getLogger("jobqueue.worker")
