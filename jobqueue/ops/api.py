@@ -95,7 +95,6 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticSerializationError
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from jobqueue import __version__, control, db, queues
@@ -112,7 +111,7 @@ from jobqueue.enqueue import (
     try_enqueue,
 )
 from jobqueue.errors import is_connection_error
-from jobqueue.ops import metrics, routing
+from jobqueue.ops import actions, metrics, routing
 from jobqueue.registry import HandlerRegistry
 from jobqueue.schema.models import (
     DEFAULT_QUEUE,
@@ -136,8 +135,6 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 PAGE_LIMIT = 500
 #: How long `DELETE /jobs/{id}` waits for a running job's worker to stop it.
 DEFAULT_CANCEL_WAIT = 2.0
-#: The partial unique index that keeps a unique key to one unfinished job (migration 0004).
-UNIQUE_KEY_INDEX = "uq_jobs_unique_key"
 
 Executor = AsyncConnection | AsyncSession
 _FROM_ENV: Any = object()  # `token` default: read JOBQUEUE_API_TOKEN
@@ -687,89 +684,42 @@ async def _page(conn: Executor, status: JobStatus | None, job_type: str | None,
             "next": None if last is None else _encode_cursor(last["created_at"], last["id"])}
 
 
-async def _refuse(conn: Executor, job_id: uuid.UUID, rule: str) -> None:
-    """Raise why a conditional update found nothing: 404, or 409 with the status."""
-    status = (await conn.execute(queries["job_status"].text, {"id": job_id})).scalar()
-    if status is None:
-        raise _not_found(job_id)
-    raise HTTPException(409, f"job {job_id} is {status}; {rule}")
-
-
 async def _cancel(conn: Executor, job_id: uuid.UUID, reason: str | None,
                   cancel_wait: float) -> Response:
     """`DELETE /jobs/{id}`: cancel, and if a worker has the job, wait a
     little for it to end (the answer says whether it did)."""
-    async with conn.begin():
-        try:
-            outcome = await control.cancel(conn, job_id, reason)
-        except LookupError:
-            raise _not_found(job_id) from None
-        except control.JobFinished as finished:
-            raise HTTPException(409, str(finished)) from None
-    status_code, extra = 200, {}
-    if not outcome.cancelled:
-        try:
-            await control.wait(job_id, timeout=cancel_wait, database=_database_url(conn))
-        except TimeoutError:
-            status_code, extra = 202, {"cancelling": True}
+    try:
+        ended = await actions.cancel(conn, job_id, reason, cancel_wait)
+    except actions.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except actions.Conflict as exc:
+        raise HTTPException(409, str(exc)) from None
+    status_code, extra = (200, {}) if ended else (202, {"cancelling": True})
     job = await _fetch_job(conn, job_id, status_code, **extra)
     if job is None:  # deleted meanwhile
         raise _not_found(job_id)
     return job
 
 
-def _database_url(conn: Executor) -> str:
-    """The URL behind a route's connection or session: `wait` opens a
-    connection of its own there (it LISTENs)."""
-    if isinstance(conn, AsyncSession):
-        return conn.sync_session.get_bind().engine.url.render_as_string(hide_password=False)
-    return conn.engine.url.render_as_string(hide_password=False)
-
-
 async def _retry(conn: Executor, job_id: uuid.UUID) -> Response:
-    """`POST /jobs/{id}/retry`. The unique index refuses a retry whose key
-    another unfinished job took since: a 409 naming it, not a 500."""
+    """`POST /jobs/{id}/retry`: 404 for no such job, 409 for one that is not
+    failed or whose unique key another unfinished job now holds."""
     try:
-        async with conn.begin():
-            retried = (await conn.execute(queries["api_retry_job"].text,
-                                          {"id": job_id})).first()
-            if retried is None:
-                await _refuse(conn, job_id, "only failed jobs can be retried")
-            job = await _fetch_job(conn, job_id)
-    except IntegrityError as exc:
-        if not _is_unique_key_conflict(exc):
-            raise
-        raise await _key_held(conn, job_id) from None
-    assert job is not None
+        await actions.retry(conn, job_id)
+    except actions.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except actions.Conflict as exc:
+        raise HTTPException(409, str(exc)) from None
+    job = await _fetch_job(conn, job_id)
+    if job is None:  # deleted meanwhile
+        raise _not_found(job_id)
     return job
-
-
-def _is_unique_key_conflict(exc: IntegrityError) -> bool:
-    """Whether the index of unique keys refused the statement (asyncpg names
-    the constraint on the driver's error, which SQLAlchemy wraps)."""
-    driver_error = getattr(exc.orig, "__cause__", None)
-    return getattr(driver_error, "constraint_name", None) == UNIQUE_KEY_INDEX
-
-
-async def _key_held(conn: Executor, job_id: uuid.UUID) -> HTTPException:
-    """The 409 for a retry of a job whose unique key another unfinished job
-    took meanwhile (read after the refused retry rolled back)."""
-    async with conn.begin():
-        job = (await conn.execute(queries["api_get_job"].text, {"id": job_id})).mappings().one()
-        holder = (await conn.execute(queries["find_unique"].text,
-                                     {"unique_key": job["unique_key"]})).scalar()
-    return HTTPException(409, f"job {job_id} cannot run again while unfinished job "
-                              f"{holder or '(another)'} holds its unique key "
-                              f"{job['unique_key']!r}")
 
 
 async def _change_queue(conn: Executor, name: str,
                         change: Callable[[Executor, str], Awaitable[None]]) -> QueueSettings:
     """Apply `change` (pause, resume, limits) and answer with the settings it left."""
-    check_queue(name)
-    async with conn.begin():
-        await change(conn, name)
-        settings = (await routing.read_settings(conn)).get(name, routing.Settings())
+    settings = await actions.change_queue(conn, name, change)
     return QueueSettings(queue=name, **routing.settings_dict(settings))
 
 

@@ -193,6 +193,13 @@ class Job(Base):
             "worker_id",
             postgresql_where=text("status = 'processing'"),
         ),
+        # What the dashboard's list of failed jobs reads, newest first: only
+        # jobs that failed for good, so the hot path never writes to it.
+        Index(
+            "idx_jobs_failed",
+            "completed_at",
+            postgresql_where=text("status = 'failed'"),
+        ),
         # What `jobqueue status` and pruning read: recently finished jobs.
         Index(
             "idx_jobs_finished",

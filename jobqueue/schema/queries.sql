@@ -900,3 +900,123 @@ ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'processing', 'retrying')
     DO NOTHING
 RETURNING id, job_type, payload ->> 'tick' AS tick;
+
+-- The dashboard (`jobqueue.ops.dashboard`). Each page reads through an
+-- index and stops at its page: on a table of a million jobs a page view
+-- costs what it costs on an empty one. The overview's counts come from
+-- `metrics_jobs`, the pass `/metrics` makes, shared by every viewer.
+
+-- dashboard_series --
+-- Jobs finished per :width-second bucket, from :back buckets before the
+-- current one: how many completed, how many failed for good, and the p50
+-- and p99 of due → completion of the completed ones. The dashboard reads its
+-- whole window once, then only its last two buckets (the earlier ones are
+-- final), so a viewer reads a few seconds of finished jobs per refresh,
+-- through idx_jobs_finished. `now` and `since` come back with every row.
+WITH clock AS (
+    SELECT CAST(extract(epoch FROM now()) AS float8) AS now, CAST(:width AS float8) AS width
+), span AS (
+    SELECT now, width, (floor(now / width) - :back) * width AS since FROM clock
+)
+SELECT s.now, s.since, b.bucket, b.completed, b.failed, b.latency
+FROM span AS s
+LEFT JOIN LATERAL (
+    SELECT floor(CAST(extract(epoch FROM j.completed_at) AS float8) / s.width) * s.width
+               AS bucket,
+           count(*) FILTER (WHERE j.status = 'completed') AS completed,
+           count(*) FILTER (WHERE j.status = 'failed') AS failed,
+           percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
+               ORDER BY extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at)))
+               FILTER (WHERE j.status = 'completed') AS latency
+    FROM jobs AS j
+    WHERE j.completed_at >= to_timestamp(s.since)
+    GROUP BY 1
+) AS b ON true
+ORDER BY b.bucket;
+
+-- dashboard_completed --
+-- A page of completed jobs, last completed first, of one queue and type if
+-- given, after the keyset (:before_at, :before_id) (the last row of the
+-- previous page; 'infinity' for the first). Through idx_jobs_finished,
+-- which also holds the few failed jobs. The status is written out, not a
+-- parameter, here and below, so that a generic plan can use the partial
+-- index it implies.
+SELECT id, job_type, queue, priority, status, retry_count, max_retries, error_message,
+       run_at, created_at, started_at, completed_at,
+       jsonb_array_length(error_history) + 1 AS attempts, completed_at AS at
+FROM jobs
+WHERE status = 'completed' AND completed_at IS NOT NULL
+  AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
+  AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+  AND (completed_at, id) < (CAST(:before_at AS timestamptz), CAST(:before_id AS uuid))
+ORDER BY completed_at DESC, id DESC
+LIMIT :limit;
+
+-- dashboard_failed --
+-- A page of jobs failed for good, last failed first (as dashboard_completed,
+-- through idx_jobs_failed).
+SELECT id, job_type, queue, priority, status, retry_count, max_retries, error_message,
+       run_at, created_at, started_at, completed_at,
+       jsonb_array_length(error_history) AS attempts, completed_at AS at
+FROM jobs
+WHERE status = 'failed'
+  AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
+  AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+  AND (completed_at, id) < (CAST(:before_at AS timestamptz), CAST(:before_id AS uuid))
+ORDER BY completed_at DESC, id DESC
+LIMIT :limit;
+
+-- dashboard_running --
+-- A page of the jobs workers hold now, last started first (through
+-- idx_jobs_processing: as many as the workers' lanes hold, never many).
+SELECT id, job_type, queue, priority, status, retry_count, max_retries, error_message,
+       run_at, created_at, started_at, completed_at,
+       jsonb_array_length(error_history) + 1 AS attempts, started_at AS at
+FROM jobs
+WHERE status = 'processing'
+  AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
+  AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+  AND (started_at, id) < (CAST(:before_at AS timestamptz), CAST(:before_id AS uuid))
+ORDER BY started_at DESC, id DESC
+LIMIT :limit;
+
+-- dashboard_waiting --
+-- A page of waiting jobs (pending or retrying, due or not) in the order
+-- workers take them: queue by queue, then priority (highest first), then
+-- due time; the id breaks ties. The keyset (:queue, :priority, :run_at, :id)
+-- is the last row of the previous page; it is split three ways so that
+-- each arm is a range of idx_jobs_pickable read up to the page's length:
+-- the rest of that priority in that queue, the lower priorities of that
+-- queue, the queues after it (left out when :one_queue). First page:
+-- :queue '' (or the one queue) and :priority above the largest.
+SELECT id, job_type, queue, priority, status, retry_count, max_retries, error_message,
+       run_at, created_at, started_at, completed_at, attempts, run_at AS at
+FROM ((SELECT 1 AS arm, id, job_type, queue, priority, status, retry_count, max_retries,
+              error_message, run_at, created_at, started_at, completed_at,
+              jsonb_array_length(error_history) AS attempts
+       FROM jobs
+       WHERE status IN ('pending', 'retrying') AND queue = :queue AND priority = :priority
+         AND (run_at, id) > (CAST(:run_at AS timestamptz), CAST(:id AS uuid))
+         AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+       ORDER BY run_at, id
+       LIMIT :limit)
+      UNION ALL
+      (SELECT 2, id, job_type, queue, priority, status, retry_count, max_retries,
+              error_message, run_at, created_at, started_at, completed_at,
+              jsonb_array_length(error_history)
+       FROM jobs
+       WHERE status IN ('pending', 'retrying') AND queue = :queue AND priority < :priority
+         AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+       ORDER BY priority DESC, run_at, id
+       LIMIT :limit)
+      UNION ALL
+      (SELECT 3, id, job_type, queue, priority, status, retry_count, max_retries,
+              error_message, run_at, created_at, started_at, completed_at,
+              jsonb_array_length(error_history)
+       FROM jobs
+       WHERE status IN ('pending', 'retrying') AND queue > :queue AND NOT :one_queue
+         AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
+       ORDER BY queue, priority DESC, run_at, id
+       LIMIT :limit)) AS page
+ORDER BY arm, queue, priority DESC, run_at, id
+LIMIT :limit;
