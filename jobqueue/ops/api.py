@@ -112,6 +112,9 @@ from jobqueue.enqueue import (
 )
 from jobqueue.errors import is_connection_error
 from jobqueue.ops import actions, metrics, routing
+from jobqueue.ops.dashboard import create_dashboard
+from jobqueue.ops.origin import cross_origin
+from jobqueue.ops.token import FROM_ENV, TOKEN_ENV, resolve
 from jobqueue.registry import HandlerRegistry
 from jobqueue.schema.models import (
     DEFAULT_QUEUE,
@@ -127,8 +130,6 @@ from jobqueue.schema.queries import queries
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "TOKEN_ENV", "create_app", "create_router",
            "get_connection", "router"]
 
-#: The environment variable that holds the bearer token (unset or empty: no token).
-TOKEN_ENV = "JOBQUEUE_API_TOKEN"
 #: Largest request body accepted, in bytes.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 #: Most jobs one `GET /jobs` page holds.
@@ -137,7 +138,7 @@ PAGE_LIMIT = 500
 DEFAULT_CANCEL_WAIT = 2.0
 
 Executor = AsyncConnection | AsyncSession
-_FROM_ENV: Any = object()  # `token` default: read JOBQUEUE_API_TOKEN
+_FROM_ENV = FROM_ENV  # `token` default: read JOBQUEUE_API_TOKEN at each request
 
 
 # -- input and output -----------------------------------------------------------
@@ -399,10 +400,12 @@ class _GuardedRoute(APIRoute):
         token, limit = self.token, self.max_body_bytes
 
         async def guarded(request: Request) -> Response:
-            expected = (os.environ.get(TOKEN_ENV) if token is _FROM_ENV else token) or None
+            expected = resolve(token)
             if expected is not None and not _authorized(request, expected):
                 return _problem(401, "missing or wrong bearer token (Authorization: Bearer …)",
                                 {"WWW-Authenticate": "Bearer"})
+            if cross_origin(request):
+                return _problem(403, "refused: a browser sent this on behalf of another site")
             body = await _read_body(request, limit)
             if isinstance(body, Response):
                 return body
@@ -530,14 +533,17 @@ def create_router(
     token: str | None = _FROM_ENV,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     cancel_wait: float = DEFAULT_CANCEL_WAIT,
+    dashboard: bool = True,
 ) -> APIRouter:
-    """The API's routes, for `app.include_router(...)`.
+    """The API's routes, for `app.include_router(...)`, and the dashboard's.
 
     engine: where the jobs are; None: `get_connection` (app.state, or your
         override). registry: if given, job types without a handler in it are
         refused. token: the bearer token; by default `JOBQUEUE_API_TOKEN`,
         read at each request; None: no token. max_body_bytes: request body limit.
     cancel_wait: seconds `DELETE /jobs/{id}` waits for a running job to stop.
+    dashboard: include the dashboard (`/` and `/dashboard/…`, see
+        `jobqueue.ops.dashboard`), guarded by the same token.
     """
     route_class = type("JobqueueRoute", (_GuardedRoute,),
                        {"token": token, "max_body_bytes": max_body_bytes})
@@ -616,6 +622,8 @@ def create_router(
         return await _cancel(conn, job_id, reason, cancel_wait)
 
     _add_queue_routes(r, Conn)
+    if dashboard:
+        r.include_router(create_dashboard(connection, token=token, cancel_wait=cancel_wait))
 
     @r.get("/metrics", name="jobqueue_metrics", summary="Prometheus metrics",
            response_class=Response, tags=["observability"],
