@@ -21,6 +21,7 @@ class Line:
     name: str
     css: str  # the class that colours it
     points: str  # SVG polyline points; "" when it has none
+    marks: tuple[tuple[float, float], ...] = ()  # a dot per point, where gaps are likely
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,9 @@ def nice_ceiling(value: float) -> float:
 
 
 def line_chart(title: str, unit: str, series: dict[str, tuple[str, list[float | None]]],
-               x_labels: list[tuple[int, str]]) -> Chart:
-    """`series`: name → (css class, values, one per bucket; None leaves a gap)."""
+               x_labels: list[tuple[int, str]], marks: bool = False) -> Chart:
+    """`series`: name → (css class, values, one per bucket; None leaves a
+    gap). `marks`: a dot on each point too (a lone point draws no line)."""
     n = max((len(v) for _, v in series.values()), default=0)
     peak = max((y for _, values in series.values() for y in values if y is not None),
                default=0.0)
@@ -61,8 +63,9 @@ def line_chart(title: str, unit: str, series: dict[str, tuple[str, list[float | 
 
     lines = []
     for name, (css, values) in series.items():
-        points = " ".join(f"{x(i):.1f},{PAD_TOP + plot_h * (1 - y / top):.1f}"
-                          for i, y in enumerate(values) if y is not None)
-        lines.append(Line(name, css, points))
+        xy = [(round(x(i), 1), round(PAD_TOP + plot_h * (1 - y / top), 1))
+              for i, y in enumerate(values) if y is not None]
+        lines.append(Line(name, css, " ".join(f"{a},{b}" for a, b in xy),
+                          tuple(xy) if marks else ()))
     ticks = [(round(x(i), 1), label) for i, label in x_labels if 0 <= i < max(n, 1)]
     return Chart(title, unit, top, lines, ticks)

@@ -45,7 +45,8 @@ ConnectionDependency = Callable[..., AsyncIterator[Executor]]
 MAX_FORM_BYTES = 16 * 1024
 #: Seconds between the overview's refreshes in the browser.
 REFRESH_SECONDS = 2.0
-STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
+STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript",
+                "favicon.svg": "image/svg+xml"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
                                "img-src 'self'; connect-src 'self'; form-action 'self'; "
@@ -84,10 +85,16 @@ def _ago(seconds: float | None) -> str:
     return f"{s / 86400:.0f} d"
 
 
-def _when(value: datetime | float | None) -> str:
+def _when(value: datetime | float | str | None) -> str:
+    """A time in UTC to the millisecond; an error history's ISO text too."""
     if value is None:
         return "—"
-    if not isinstance(value, datetime):
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return str(value)
+    elif not isinstance(value, datetime):
         value = datetime.fromtimestamp(float(value), UTC)
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
@@ -207,7 +214,7 @@ def _charts(snapshot: overview.Snapshot) -> list[charts.Chart]:
     latency: Values = {"p50": ("p50", [None if b.p50 is None else b.p50 * 1000 for b in series]),
                "p99": ("p99", [None if b.p99 is None else b.p99 * 1000 for b in series])}
     return [charts.line_chart("Jobs finished per second", "jobs/s", per_second, labels),
-            charts.line_chart("Due → completion (ms)", "ms", latency, labels)]
+            charts.line_chart("Due → completion (ms)", "ms", latency, labels, marks=True)]
 
 
 def _redirect(request: Request, route: str, done: str, **path: Any) -> RedirectResponse:
