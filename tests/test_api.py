@@ -729,6 +729,28 @@ def test_serve_binds_loopback_by_default() -> None:
     assert (args.host, args.port) == ("127.0.0.1", 8000)
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "example.org"])
+def test_serve_refuses_a_reachable_address_without_a_token(host: str, db_url: str) -> None:
+    """The API and the dashboard can retry, cancel and pause: without a token
+    only this machine may reach them. One line, exit 1, nothing listening."""
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    done = subprocess.run([sys.executable, "-m", "jobqueue", "serve", "--host", host,
+                           "--port", str(_free_port())], cwd=ROOT,
+                          env={**env, "DATABASE_URL": db_url}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0 and TOKEN_ENV in done.stderr
+    assert f"refusing to serve on {host}" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.2"])
+def test_a_loopback_address_needs_no_token(host: str) -> None:
+    from jobqueue.ops.cli import _loopback
+
+    assert _loopback(host)
+    assert not _loopback("10.0.0.1") and not _loopback("db.internal")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

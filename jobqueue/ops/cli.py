@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import importlib
+import ipaddress
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from jobqueue import db
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.ops.logs import FORMATS, configure_logging
+from jobqueue.ops.token import TOKEN_ENV
 from jobqueue.worker import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
@@ -275,6 +277,16 @@ def _work(args: argparse.Namespace, stopped: list[int]) -> int:
     return 0
 
 
+def _loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (an address or `localhost`)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -287,6 +299,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be between 0 and 65535, not {args.port}")
     if args.max_body_bytes < 1:
         raise CliError("--max-body-bytes must be at least 1")
+    if not _loopback(args.host) and not os.environ.get(TOKEN_ENV):
+        raise CliError(f"refusing to serve on {args.host} without {TOKEN_ENV}: anyone who "
+                       "can reach it could enqueue, retry and cancel jobs and pause queues; "
+                       "set the token, or serve on 127.0.0.1 behind a proxy of your own")
     app = create_app(use_database(), max_body_bytes=args.max_body_bytes)
     # uvicorn finishes open requests on SIGTERM, then raises the signal again
     # for whatever handler was there before: this one makes it a clean exit 0.
