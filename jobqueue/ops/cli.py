@@ -437,6 +437,12 @@ def format_summary(s: dict[str, Any]) -> str:
     oldest = s.get("oldest_pending_age_seconds")
     lines.append("  oldest due  " + ("none waiting" if oldest is None
                                      else f"waiting for {oldest:,.1f} s"))
+    if "horizon" in s:
+        from jobqueue.ops.horizon import describe
+
+        dead = s.get("dead_tuples")
+        lines.append("  vacuum      " + describe(s["horizon"])
+                     + ("" if dead is None else f"; {dead:,} dead row versions in jobs"))
     lines.append("")
     if s.get("queues"):
         lines += ["queues", *format_queues(s["queues"], indent="  ")]

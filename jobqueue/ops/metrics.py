@@ -3,7 +3,7 @@
 The process that serves `/metrics` is usually not the worker (the worker may
 run elsewhere, or be a standby), so nothing is counted in memory: each scrape
 runs a handful of queries (`queries.sql`: `metrics_jobs`, `queue_settings`,
-`workers`, `queue_health`, `metrics_finished`, `metrics_failed_attempts`) and
+`workers`, `queue_health`, `horizon`, `metrics_finished`, `metrics_failed_attempts`) and
 reports what the tables say. Figures about recent work cover a fixed window of the last
 `WINDOW_SECONDS` (60 s), exported as `jobqueue_recent_window_seconds`.
 
@@ -25,6 +25,11 @@ Gauges:
 - `jobqueue_jobs_table_live_tuples`, `jobqueue_jobs_table_dead_tuples`,
   `jobqueue_jobs_table_last_autovacuum_timestamp_seconds` (0: never): the
   `jobs` table as `pg_stat_user_tables` sees it.
+- `jobqueue_xmin_horizon_age_seconds`, `jobqueue_xmin_horizon_age_transactions`,
+  `jobqueue_xmin_horizon_holder_info{kind, name, state}`: the oldest
+  transaction (snapshot, prepared transaction, replication slot) holding back
+  vacuum in this database, and who it is (`jobqueue.ops.horizon`): the cause
+  when dead tuples grow.
 - `jobqueue_workers{state}`: registered workers by state (standby, active,
   shared); `jobqueue_active_worker_info{worker_id, name}`: 1 for each worker
   that works (the active one, or all in shared mode);
@@ -57,7 +62,8 @@ from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from jobqueue.ops import routing
+from jobqueue.ops import horizon, routing
+from jobqueue.ops.horizon import Holder
 from jobqueue.ops.routing import Routing, Settings
 from jobqueue.schema.models import STATUS_VALUES
 from jobqueue.schema.queries import queries
@@ -103,6 +109,7 @@ class Snapshot:
     live_tuples: int = 0
     dead_tuples: int = 0
     last_autovacuum: float = 0.0
+    horizon: Holder | None = None
     completed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     failed_attempts: dict[str, int] = field(default_factory=dict)
@@ -121,6 +128,7 @@ async def snapshot(conn: AsyncConnection | AsyncSession,
     snap.live_tuples = int(health.live_tuples or 0)
     snap.dead_tuples = int(health.dead_tuples or 0)
     snap.last_autovacuum = float(health.last_autovacuum or 0)
+    snap.horizon = await horizon.oldest(conn)
 
     neg_bounds = [-b for b in reversed(BUCKETS)]
     result = await conn.execute(queries["metrics_finished"].text,
@@ -154,6 +162,23 @@ class QueueCollector(Collector):
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
 
+    def _horizon(self) -> Iterator[Metric]:
+        h = self.snap.horizon
+        yield _gauge("jobqueue_xmin_horizon_age_seconds",
+                     "Seconds since the oldest transaction holding back vacuum in this "
+                     "database began; 0 when none (or a replication slot, which keeps no time).",
+                     0.0 if h is None or h.age_seconds is None else max(h.age_seconds, 0.0))
+        yield _gauge("jobqueue_xmin_horizon_age_transactions",
+                     "Transactions begun since the oldest snapshot holding back vacuum; 0: none.",
+                     0 if h is None else h.xid_age)
+        info = GaugeMetricFamily("jobqueue_xmin_horizon_holder_info",
+                                 "1 for what holds back vacuum now: kind, application_name "
+                                 "(or slot, prepared gid), state.",
+                                 labels=["kind", "name", "state"])
+        if h is not None:
+            info.add_metric([h.kind, h.name, h.state or ""], 1)
+        yield info
+
     def collect(self) -> Iterator[Metric]:
         s = self.snap
         groups = s.routing.groups
@@ -183,6 +208,7 @@ class QueueCollector(Collector):
                      "Unix time of the jobs table's last autovacuum; 0 if never.",
                      s.last_autovacuum)
 
+        yield from self._horizon()
         yield from self._workers()
 
         yield _gauge("jobqueue_recent_window_seconds",

@@ -5,7 +5,8 @@ counts by status, and throughput, latency and error rate of the last minutes,
 the most frequent recent errors and how long the oldest due job has waited,
 all computed by PostgreSQL from the jobs table itself; each queue's counts
 and settings, and the due jobs no live worker takes (`routing`), which is
-why jobs of a type nobody handles wait. `job_dict` gives one job
+why jobs of a type nobody handles wait; and what holds back vacuum (`horizon`),
+which is why dead row versions pile up. `job_dict` gives one job
 JSON-ready, as `jobqueue status JOB_ID` and the HTTP API show it.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db
-from jobqueue.ops import routing
+from jobqueue.ops import horizon, routing
 from jobqueue.schema.queries import queries
 
 
@@ -45,6 +46,7 @@ async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict
     workers = routes.workers
     errors = await queries["recent_errors"].fetch(conn, window=window, limit=TOP_ERRORS)
     health = await queries["queue_health"].fetchrow(conn)
+    holder = await horizon.oldest(conn)
     assert recent is not None and health is not None
     oldest = health["oldest_pending_age"]
     attempts = recent["completed"] + failed_attempts
@@ -52,6 +54,8 @@ async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict
         "counts": counts,
         "total": sum(counts.values()),
         "oldest_pending_age_seconds": None if oldest is None else round(float(oldest), 3),
+        "dead_tuples": health["dead_tuples"],
+        "horizon": None if holder is None else holder.as_dict(),
         "window_seconds": window,
         "recent": {
             "completed": recent["completed"],

@@ -734,6 +734,43 @@ WHERE (j.status IN ('pending', 'processing', 'retrying')
   AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
 GROUP BY j.job_type;
 
+-- horizon --
+-- What holds back the xmin horizon of this database, oldest first: while it
+-- lasts, vacuum can remove no row version that died after it began, so the
+-- jobs table and its indexes keep every finished job's dead versions and
+-- each claim steps over them. Holders: a transaction or snapshot of a
+-- session in this database (since PostgreSQL 14 other databases' sessions
+-- hold back only the shared catalogs), a walsender or replication slot with
+-- an xmin (a standby's hot_standby_feedback), a prepared transaction. This
+-- statement's own snapshot is left out. Sessions of other roles show only
+-- to a superuser or a member of pg_read_all_stats.
+WITH holders AS (
+    SELECT CASE WHEN backend_type = 'walsender' THEN 'standby feedback'
+                ELSE 'transaction' END AS kind,
+           pid, application_name AS name, state,
+           CAST(extract(epoch FROM now() - coalesce(xact_start, backend_start)) AS float8)
+               AS age_seconds,
+           greatest(age(backend_xmin), age(backend_xid)) AS xid_age
+    FROM pg_stat_activity
+    WHERE pid <> pg_backend_pid()
+      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+      AND (datname = current_database() OR backend_type = 'walsender')
+    UNION ALL
+    SELECT 'prepared transaction', NULL, gid, 'prepared',
+           CAST(extract(epoch FROM now() - prepared) AS float8), age(transaction)
+    FROM pg_prepared_xacts
+    WHERE database = current_database()
+    UNION ALL
+    SELECT 'replication slot', active_pid, slot_name,
+           CASE WHEN active THEN 'active' ELSE 'inactive' END, NULL, age(xmin)
+    FROM pg_replication_slots
+    WHERE xmin IS NOT NULL
+)
+SELECT kind, pid, name, state, age_seconds, xid_age
+FROM holders
+ORDER BY xid_age DESC, age_seconds DESC NULLS LAST
+LIMIT 1;
+
 -- recent_errors --
 -- The most frequent errors of failed attempts in the last :window seconds.
 SELECT j.job_type, e ->> 'error' AS error, count(*) AS n,

@@ -2,8 +2,9 @@
 
 The counts by status and queue come from `routing.read` (one pass over
 `jobs`, the same `/metrics` makes), the table's upkeep from `queue_health`,
-the workers from their table. However many browsers watch, that is read at
-most once per `Overview.ttl` seconds per dashboard.
+the workers from their table, what holds back vacuum from `horizon`.
+However many browsers watch, that is read at most once per `Overview.ttl`
+seconds per dashboard.
 
 The charts need finished jobs per time bucket over the last minutes. A
 `Series` reads its whole window once, then on each refresh only its last
@@ -22,7 +23,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from jobqueue.ops import routing
+from jobqueue.ops import horizon, routing
 from jobqueue.schema.queries import queries
 
 __all__ = ["Bucket", "Overview", "Series", "Snapshot"]
@@ -91,6 +92,7 @@ class Snapshot:
     health: dict[str, Any]
     series: list[Bucket]
     width: float
+    horizon: dict[str, Any] | None = None  # what holds back vacuum (`horizon.Holder`)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -134,6 +136,7 @@ class Overview:
         async with conn.begin():
             routes = await routing.read(conn)
             health = dict((await conn.execute(queries["queue_health"].text)).mappings().one())
+            holder = await horizon.oldest(conn)
             await self._series.refresh(conn)
         return Snapshot(self._series.now, routes, health, self._series.points(),
-                        self._series.width)
+                        self._series.width, None if holder is None else holder.as_dict())

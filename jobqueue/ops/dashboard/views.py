@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from jobqueue import __version__, queues
 from jobqueue.enqueue import check_job_type, check_queue
 from jobqueue.errors import is_connection_error
-from jobqueue.ops import actions
+from jobqueue.ops import actions, horizon
 from jobqueue.ops.dashboard import auth, charts, overview, pages
 from jobqueue.ops.origin import SAFE_METHODS, cross_origin
 from jobqueue.ops.token import FROM_ENV, resolve
@@ -108,6 +108,7 @@ def _number(value: float | int | None) -> str:
 
 
 _templates.filters.update(ago=_ago, when=_when, number=_number)
+_templates.globals.update(describe=horizon.describe)
 
 
 
