@@ -12,13 +12,14 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
+from fastapi import FastAPI
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -123,6 +124,27 @@ def spawn_worker(db_url: str, tmp_path: Path) -> Iterator[object]:
     yield spawn
     for w in started:
         w.close()
+
+
+def client_for(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+@pytest.fixture
+async def make_client(db_url: str, monkeypatch: pytest.MonkeyPatch
+                      ) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
+    """Build an app (after the test set the environment) and a client for it."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    apps: list[FastAPI] = []
+
+    def make(**options: Any) -> httpx.AsyncClient:
+        app = create_app(db_url, **options)
+        apps.append(app)
+        return client_for(app)
+
+    yield make
+    for app in apps:
+        await app.state.jobqueue_engine.dispose()
 
 
 @pytest.fixture

@@ -26,30 +26,9 @@ from jobqueue.api import TOKEN_ENV, create_app, create_router
 from jobqueue.ops.cli import build_parser
 from jobqueue.schema.queries import queries
 from jobqueue.testing import drain, wait_for
-from tests.conftest import ROOT
+from tests.conftest import ROOT, client_for
 
 TOKEN = "s3cret-token"
-
-
-def client_for(app: FastAPI) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
-
-
-@pytest.fixture
-async def make_client(db_url: str, monkeypatch: pytest.MonkeyPatch
-                      ) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
-    """Build an app (after the test set the environment) and a client for it."""
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-    apps: list[FastAPI] = []
-
-    def make(**options: Any) -> httpx.AsyncClient:
-        app = create_app(db_url, **options)
-        apps.append(app)
-        return client_for(app)
-
-    yield make
-    for app in apps:
-        await app.state.jobqueue_engine.dispose()
 
 
 @pytest.fixture

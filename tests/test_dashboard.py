@@ -18,9 +18,10 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import enqueue, enqueue_many
-from jobqueue.api import TOKEN_ENV, create_app, create_router
+from jobqueue.api import create_router
 from jobqueue.ops.dashboard import auth
 from jobqueue.testing import wait_for
+from tests.conftest import client_for
 
 TOKEN = "dashboard-s3cret"
 HOSTILE = {
@@ -28,26 +29,6 @@ HOSTILE = {
     "attribute": '"><img src=x onerror=alert(1)>',
 }
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-
-
-def client_for(app: FastAPI) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
-
-
-@pytest.fixture
-async def make_client(db_url: str, monkeypatch: pytest.MonkeyPatch
-                      ) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-    apps: list[FastAPI] = []
-
-    def make(**options: Any) -> httpx.AsyncClient:
-        app = create_app(db_url, **options)
-        apps.append(app)
-        return client_for(app)
-
-    yield make
-    for app in apps:
-        await app.state.jobqueue_engine.dispose()
 
 
 @pytest.fixture
