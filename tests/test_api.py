@@ -697,6 +697,9 @@ async def test_an_unreachable_database_is_503_not_500(monkeypatch: pytest.Monkey
     async with client_for(app) as client:
         response = await client.get("/jobs")
         assert response.status_code == 503 and "unavailable" in response.text
+        page = await client.get("/")  # the dashboard: a page that says so
+        assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
+        assert "The database is unavailable" in page.text
     await app.state.jobqueue_engine.dispose()
 
 
