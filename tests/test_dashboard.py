@@ -248,6 +248,7 @@ async def test_with_a_token_every_page_asks_for_a_login_first(
         assert (await web.get("/dashboard/static/dashboard.css")).status_code == 200
         login = await web.get("/dashboard/login")
         assert login.status_code == 200 and 'type="password"' in login.text
+        assert "Log out" not in login.text
         csrf = CSRF.search(login.text).group(1)  # type: ignore[union-attr]
         refused = await web.post(f"/dashboard/jobs/{job_id}/retry", data={"csrf": csrf})
         assert refused.status_code == 401
@@ -261,7 +262,8 @@ async def test_with_a_token_every_page_asks_for_a_login_first(
         assert cookie.startswith(f"{auth.SESSION_COOKIE}=")
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
         assert TOKEN not in cookie
-        assert (await web.get("/")).status_code == 200
+        home = await web.get("/")
+        assert home.status_code == 200 and "Log out" in home.text
         assert (await web.post(f"/dashboard/jobs/{job_id}/retry",
                                data={"csrf": csrf})).status_code == 303
         # the API still wants its bearer token, the cookie is not one

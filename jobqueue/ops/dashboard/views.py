@@ -153,8 +153,9 @@ class _DashboardRoute(APIRoute):
 async def _checked(request: Request, handle: Callable[[Request], Coroutine[Any, Any, Response]],
                    token: str | None, public: bool) -> Response:
     request.state.token = token
-    if token is not None and not public and not auth.session_valid(request, token):
-        if request.method in SAFE_METHODS and not request.url.path.endswith(".json"):
+    request.state.logged_in = token is not None and auth.session_valid(request, token)
+    if token is not None and not public and not request.state.logged_in:
+        if request.method in SAFE_METHODS:
             return RedirectResponse(request.url_for("jobqueue_dashboard_login").path, 303)
         raise _Refused(401, "Log in first: this dashboard needs the API token.")
     request.state.form = {}
@@ -192,7 +193,7 @@ def _render(request: Request, name: str, status: int = 200, **context: Any) -> H
     html = _templates.get_template(name).render(
         request=request, url=lambda route, **path: request.url_for(route, **path).path,
         csrf=csrf, csrf_field=auth.CSRF_FIELD,
-        version=__version__, logged_in=getattr(request.state, "token", None) is not None,
+        version=__version__, logged_in=getattr(request.state, "logged_in", False),
         refresh_ms=int(REFRESH_SECONDS * 1000), **context)
     response = HTMLResponse(html, status_code=status)
     if new:
