@@ -17,11 +17,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## test: every test and notebook against the embedded PostgreSQL 16 (or DATABASE_URL);
-## the embedded server is stopped again afterwards if this run started it
+## the embedded server is stopped again afterwards if this run started it. The tests
+## run in TEST_PROCESSES processes at once (pytest-xdist; tests marked `serial` alone),
+## without the nbval plugin, whose import costs seconds per process; the notebooks after.
+TEST_PROCESSES ?= 2
 test: setup
 	@up=0; [ -n "$$DATABASE_URL" ] || ! $(BIN)/jobqueue db url >/dev/null 2>&1 || up=1; \
 	status=0; \
-	$(BIN)/python -m pytest || status=$$?; \
+	$(BIN)/python -m pytest -p no:nbval -n $(TEST_PROCESSES) --dist loadfile || status=$$?; \
 	if ls notebooks/lessons/*.ipynb >/dev/null 2>&1; then \
 		$(BIN)/python -m pytest --nbval notebooks/lessons \
 			--nbval-sanitize-with notebooks/sanitize.cfg || status=$$?; fi; \

@@ -4,15 +4,26 @@ The schema is built once, by the real migrations, into a template database;
 each test gets `CREATE DATABASE … TEMPLATE` (a file copy, tens of
 milliseconds), so tests are isolated completely and can run workers against
 their own database.
+
+`make test` runs them in parallel processes (pytest-xdist, `-n 2`), all on
+the one server: the controlling process starts it before the workers exist
+and stops it at the end if it started it; each worker process has a template
+of its own. A test marked `serial` (it restarts the server, or it reads
+something of the whole cluster) runs with no other test running beside it:
+see `pytest_runtest_protocol`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +56,82 @@ TEST_TABLES = (
 )
 
 
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not _xdist_worker(config)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With `-n`, the controlling process starts the embedded server before
+    any worker process exists: otherwise two workers could each find it down,
+    and the first to finish would stop it under the other."""
+    config = session.config
+    if not _xdist_controller(config):
+        return
+    config.stash[_LOCKS] = Path(tempfile.mkdtemp(prefix="jobqueue-tests-"))
+    if not os.environ.get("DATABASE_URL"):
+        server = embedded.EmbeddedPostgres()
+        config.stash[_STARTED_HERE] = not server.is_running()
+        server.start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each worker process where the files of the serial lock are."""
+    node.workerinput["jobqueue_locks"] = str(node.config.stash[_LOCKS])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stash = session.config.stash
+    if stash.get(_STARTED_HERE, False):
+        embedded.EmbeddedPostgres().stop()
+    if _LOCKS in stash:
+        shutil.rmtree(stash[_LOCKS], ignore_errors=True)
+
+
+_STARTED_HERE = pytest.StashKey[bool]()
+_LOCKS = pytest.StashKey[Path]()
+
+
 @pytest.fixture(scope="session")
-def server_url() -> Iterator[str]:
+def server_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """The server's URL: DATABASE_URL if set, else the embedded PostgreSQL 16
-    (stopped again at the end if this run started it)."""
+    (stopped again at the end if this run started it; in a worker process of
+    `-n`, the controlling process does that)."""
     if os.environ.get("DATABASE_URL"):
         yield db.normalize_url(os.environ["DATABASE_URL"])
         return
     server = embedded.EmbeddedPostgres()
-    was_running = server.is_running()
-    url = server.start()
+    was_running = server.is_running() or _xdist_worker(request.config)
+    url = server.start()  # idempotent, and safe from several processes at once
     yield url
     if not was_running:
         server.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Under `-n`, a test marked `serial` runs alone: a readers-writer lock
+    over the worker processes, of two files. Every test holds `room` shared
+    for its setup, call and teardown (so also while it builds or drops the
+    fixtures its module or the session share); a serial test holds it
+    exclusive, so it starts once the tests running beside it have ended.
+    `gate` keeps new tests from slipping in meanwhile: a test passes it on
+    its way in, and a serial test holds it from its wait to its end."""
+    if not _xdist_worker(item.config):
+        return (yield)
+    folder = Path(item.config.workerinput["jobqueue_locks"])  # type: ignore[attr-defined]
+    serial = item.get_closest_marker("serial") is not None
+    with contextlib.ExitStack() as held:
+        gate, room = (held.enter_context(open(folder / name, "a")) for name in ("gate", "room"))
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        if not serial:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        return (yield)  # closing the files lets go of the locks
 
 
 @pytest.fixture(scope="session")

@@ -384,6 +384,7 @@ async def test_a_handler_may_recover_from_an_error_inside_its_own_savepoint(
             (i, n) for i in ids for n in (1, 2))
 
 
+@pytest.mark.serial  # batches are sized by the lane's pace: another test's load shrinks them
 async def test_one_savepoint_hungry_job_does_not_shrink_later_batches(
         engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
     """A job that opened 70 savepoints (more than a batch may) is its type's

@@ -148,6 +148,7 @@ async def test_sigstop_hang_is_fenced_and_the_sleeper_cannot_finish_anything(
 
 @pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")),
                     reason="restarts the embedded server")
+@pytest.mark.serial  # every other test's connections would go with the restart
 async def test_database_restart_under_a_working_worker(
     engine: AsyncEngine, spawn_worker, db_url: str, conn: asyncpg.Connection
 ) -> None:

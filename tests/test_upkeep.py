@@ -125,7 +125,8 @@ async def test_a_hung_worker_is_fenced_and_its_jobs_rescued(
         assert result["fenced"] == [(77, 1)]
         await wait_for(lambda: conn.fetchval(
             "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name LIKE "
-            "'jobqueue worker 77 %'"), message="the hung worker's connection to be gone")
+            "'jobqueue worker 77 %' AND datname = current_database()"),
+            message="the hung worker's connection to be gone")
         # Rescued at once if its backend was gone already, else by the next rescue.
         assert result["rescued"] + await upkeep.rescue(conn) == 1
         # It was all the hung worker ran: that attempt counts, as a crash's would.

@@ -143,6 +143,7 @@ def test_the_report_names_a_checkpoint_only_the_biggest_drain_spans() -> None:
     assert _checkpoint_sentence(sizes.drop(columns="checkpoints"), 1_000_000) == ""
 
 
+@pytest.mark.serial  # it measures a schedule: another test's load beside it skews the clock
 async def test_open_loop_keeps_its_schedule(bench_url: str) -> None:
     result = await scenarios.open_loop(bench_url, rate=40, seconds=0.5)
     summary = result["summary"]
@@ -228,6 +229,7 @@ async def test_the_ceiling_measures_every_row(server_url: str, tmp_path: Path) -
 # -- drains long enough to measure, workers that took part, computed sentences ------
 
 
+@pytest.mark.serial  # "40 jobs drain in well under 0.25 s" needs the machine to itself
 async def test_drains_are_sized_to_last_and_short_ones_run_again(bench_url: str) -> None:
     rows = await scenarios.drain_matrix(bench_url, n=40, batch_sizes=[10], workers=[1],
                                         modes=["exclusive"], repeat=1, seconds=0.5,
@@ -371,6 +373,7 @@ def test_percentiles_only_where_the_samples_carry_them() -> None:
     assert "first 1 s of every run is left out as warm-up (9 jobs in all" in text
 
 
+@pytest.mark.serial  # it measures a schedule: another test's load beside it skews the clock
 async def test_open_loop_marks_its_warm_up(bench_url: str) -> None:
     result = await scenarios.open_loop(bench_url, rate=40, seconds=1.0, warmup=0.3)
     summary, warm = result["summary"], result["warmup"]

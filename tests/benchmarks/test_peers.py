@@ -61,6 +61,7 @@ async def test_each_peer_drains_every_job_with_real_processes(
 
 
 @pytest.mark.parametrize("peer_url", ["pgqueuer", "procrastinate"], indirect=True)
+@pytest.mark.serial  # it measures a schedule: another test's load beside it skews the clock
 async def test_open_loop_latencies_of_a_peer_are_sane(peer_url: str, request) -> None:
     system = request.node.callspec.params["peer_url"]
     result = await peers.open_loop(system, peer_url, rate=20, seconds=0.5, warmup=0.25,

@@ -157,7 +157,8 @@ async def test_advisory_lock_holds_and_releases_on_one_connection(
         assert await locks.holders(watch, 11) == ["pool 1"]
         assert await b.fetchval("SELECT pg_try_advisory_lock($1)", 11) is False
         state = await watch.fetchval(
-            "SELECT state FROM pg_stat_activity WHERE application_name = 'lab pool 1'")
+            "SELECT state FROM pg_stat_activity WHERE application_name = 'lab pool 1' "
+            "AND datname = current_database()")
         assert state == "idle"  # committed after locking: not idle in transaction
         async with AsyncSession(pool) as other:  # other work runs on the other connection
             assert await locks.connection_of(watch, other) == "pool 2"
@@ -217,7 +218,8 @@ async def test_advisory_lock_lost_connection_is_not_pooled(
     async with locks.advisory_lock(pool, 15) as acquired:
         assert acquired
         pid = await watch.fetchval(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'lab pool 1'")
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'lab pool 1' "
+            "AND datname = current_database()")
         assert await watch.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)
     async with locks.advisory_lock(pool, 15) as acquired:  # a new connection, same pool
         assert acquired
