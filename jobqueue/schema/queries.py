@@ -29,6 +29,11 @@ class Query:
     sql: str
     params: tuple[str, ...] = field(default=())
 
+    @classmethod
+    def from_sql(cls, name: str, sql: str) -> Query:
+        """A statement with its parameters read off its `:name`s, in order."""
+        return cls(name, sql, tuple(dict.fromkeys(_PARAM.findall(sql))))
+
     @cached_property
     def text(self) -> TextClause:
         """The statement for SQLAlchemy (`session.execute(q.text, {...})`)."""
@@ -67,8 +72,7 @@ def _parse(source: str) -> dict[str, Query]:
         body = source[header.end() : end]
         lines = [ln for ln in body.strip().splitlines() if not ln.startswith("--")]
         sql = "\n".join(lines).strip().rstrip(";")
-        params = tuple(dict.fromkeys(_PARAM.findall(sql)))
-        found[header.group(1)] = Query(header.group(1), sql, params)
+        found[header.group(1)] = Query.from_sql(header.group(1), sql)
     return found
 
 

@@ -1,0 +1,100 @@
+"""jobqueue.lab.vacuum: what lesson 08 shows, at a small size, on the real
+server: a held xid keeps every dead version, the claim from the front steps
+over them all and the claim from a floor does not, and a job enqueued by a
+transaction that began before the floor moved is left behind it."""
+
+from __future__ import annotations
+
+import asyncpg
+import matplotlib
+
+from jobqueue.lab import vacuum
+from jobqueue.ops import horizon
+from tests.lab.conftest import Labelled
+
+matplotlib.use("Agg")
+
+DEAD = 3000  # about 60 heap and index pages of dead versions: plain to see, quick to make
+WAITING = 20
+
+
+async def held_flow(labelled: Labelled) -> tuple[dict[str, asyncpg.Connection], vacuum.Flow, int]:
+    conns = await labelled("holder", "worker")
+    # autovacuum, on its own schedule, would re-estimate n_dead_tup (ANALYZE)
+    await conns["worker"].execute("ALTER TABLE jobs SET (autovacuum_enabled = off)")
+    await conns["holder"].execute("BEGIN")
+    xid = await conns["holder"].fetchval("SELECT pg_current_xact_id()")
+    return conns, await vacuum.Flow.open(conns["worker"], batch=500), xid
+
+
+def test_the_floored_take_is_take_started_at_a_floor() -> None:
+    def words(sql: str) -> str:
+        return " ".join(sql.split())
+
+    floor = (" AND priority = :priority"
+             " AND run_at >= coalesce(CAST(:floor AS timestamptz), '-infinity')")
+    floored = words(vacuum.FLOORED_TAKE.sql)
+    assert floor in floored and ", run_at FROM" in floored
+    assert floored.replace(floor, "").replace(", run_at FROM", " FROM") == words(vacuum.TAKE.sql)
+    assert set(vacuum.FLOORED_TAKE.params) == set(vacuum.TAKE.params) | {"priority", "floor"}
+
+
+async def test_a_held_xid_keeps_every_dead_version_until_it_ends(labelled: Labelled) -> None:
+    conns, flow, xid = await held_flow(labelled)
+    worker = conns["worker"]
+    holder = await horizon.oldest(worker)
+    assert holder is not None and holder.name == "lab holder"
+    assert holder.pid == conns["holder"].get_server_pid()
+
+    table = await vacuum.pile_up(flow, [0, DEAD], waiting=WAITING)
+    assert list(table["dead versions"]) == [0, DEAD]  # one per completed job, counted at once
+    assert list(table["taken"]) == [WAITING, WAITING]
+    assert table["scan buffers"][1] > table["scan buffers"][0] + DEAD // 100
+    line = await vacuum.status_vacuum_line(worker)
+    assert "'lab holder'" in line and f"{DEAD + WAITING:,} dead row versions" in line
+
+    held = await vacuum.vacuum(worker)
+    assert (held.removed, held.not_removable) == (0, DEAD + WAITING)
+    assert held.cutoff == xid % 2**32
+
+    await flow.add(WAITING)
+    twice = [await vacuum.claim_cost(worker) for _ in range(2)]
+    assert twice[0].plan.endswith("Index Scan (idx_jobs_pickable)")
+    assert twice[1].scan_buffers == twice[0].scan_buffers  # nothing marked dead while held
+
+    await conns["holder"].execute("ROLLBACK")
+    assert await horizon.oldest(worker) is None
+    released = [await vacuum.claim_cost(worker) for _ in range(2)]
+    assert 3 * released[1].scan_buffers < released[0].scan_buffers  # the first one marked them
+
+    cleaned = await vacuum.vacuum(worker)
+    assert (cleaned.not_removable, cleaned.dead_items) == (0, DEAD + WAITING)
+    assert cleaned.index_pages_deleted > 0
+    after = await vacuum.claim_cost(worker)
+    assert after.taken == WAITING
+    assert after.scan_buffers <= table["scan buffers"][0] + 5
+
+
+async def test_a_floored_claim_reads_few_buffers_but_misses_a_job_behind_its_floor(
+    labelled: Labelled,
+) -> None:
+    conns, flow, _ = await held_flow(labelled)
+    worker = conns["worker"]
+    table = await vacuum.pile_up(flow, [0, DEAD], waiting=WAITING, floored=True)
+    assert list(table["floored taken"]) == list(table["taken"]) == [WAITING, WAITING]
+    assert table["buffers"][1] > table["buffers"][0] + DEAD // 100
+    assert abs(table["floored buffers"][1] - table["floored buffers"][0]) <= 5
+    assert flow.completed == flow.added == DEAD + WAITING
+    assert flow.floor == await worker.fetchval("SELECT max(run_at) FROM jobs")
+    assert len(vacuum.plot_buffers(table, table).axes[0].lines) == 3
+
+    late = (await labelled("late"))["late"]
+    await late.execute("BEGIN")
+    await vacuum.enqueue(late)  # due at its transaction's start
+    await vacuum.enqueue(worker)  # due later, committed at once
+    assert await flow.run(floored=True) == 1
+    await late.execute("COMMIT")
+
+    assert (await vacuum.claim_cost(worker, floored=True, floor=flow.floor)).taken == 0
+    assert (await vacuum.claim_cost(worker)).taken == 1
+    assert (await vacuum.claim_cost(worker, floored=True, floor=None)).taken == 1  # no floor
