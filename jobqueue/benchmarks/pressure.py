@@ -261,6 +261,9 @@ _TABLES = """
            pg_total_relation_size(relid) AS total_bytes, pg_indexes_size(relid) AS index_bytes
     FROM pg_stat_user_tables WHERE relname = ANY($1::text[])"""
 MIB = 1024 * 1024
+#: A phase whose arrivals came at less than this share of its rate is flagged
+#: (`rate_met`): the producer could not send them on time.
+MET_SHARE = 0.95
 
 
 async def _sample(conn: asyncpg.Connection, tables: Sequence[str]) -> dict[str, Any]:
@@ -289,23 +292,40 @@ async def _now(conn: asyncpg.Connection) -> float:
     return float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
 
 
-async def explain_take(conn: asyncpg.Connection, limit: int = DEFAULT_BATCH_SIZE
-                       ) -> dict[str, Any]:
-    """jobqueue's claim (`take`) as a lane of a worker at its defaults sends
-    it, under `EXPLAIN (ANALYZE, BUFFERS)` in a transaction rolled back: its
-    time, the buffers it read (shared hit + read, the whole plan) and the
-    rows it locked."""
-    take = queries["take"]
-    args = take.args({"queue": "default", "job_types": ["noop"], "limit": limit})
+async def _explain(conn: asyncpg.Connection, sql: str, *args: Any) -> tuple[float, int, int]:
+    """`sql` under EXPLAIN (ANALYZE, BUFFERS) in a transaction rolled back:
+    its execution time (ms), the buffers the whole plan read (shared hit +
+    read) and the rows it returned."""
     async with _rolled_back(conn):
-        raw = await conn.fetchval(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + take.positional, *args)
+        raw = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, *args)
     plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]
     top = plan["Plan"]
-    return {"take_ms": float(plan["Execution Time"]),
-            "take_buffers": int(top.get("Shared Hit Blocks", 0))
-            + int(top.get("Shared Read Blocks", 0)),
-            "take_rows": int(top["Actual Rows"])}
+    return (float(plan["Execution Time"]),
+            int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)),
+            int(top["Actual Rows"]))
+
+
+#: The batch ledger's row of one lane, found by its key as the upsert that
+#: overwrites it every batch (`record_batch`) finds it.
+_LEDGER = "SELECT xid FROM jobqueue_batches WHERE worker_id = $1 AND lane = $2"
+
+
+async def explain_take(conn: asyncpg.Connection, limit: int = DEFAULT_BATCH_SIZE
+                       ) -> dict[str, Any]:
+    """What one claim costs now: jobqueue's `take`, as a lane of a worker at
+    its defaults sends it (`_explain`: ms, buffers, rows locked); and the
+    lookup of a lane's row in the batch ledger, which every quick batch
+    overwrites (`ledger_*`; NaN before the first batch)."""
+    take = queries["take"]
+    ms, buffers, rows = await _explain(conn, take.positional, *take.args(
+        {"queue": "default", "job_types": ["noop"], "limit": limit}))
+    out: dict[str, Any] = {"take_ms": ms, "take_buffers": buffers, "take_rows": rows,
+                           "ledger_ms": math.nan, "ledger_buffers": math.nan}
+    key = await conn.fetchrow("SELECT worker_id, lane FROM jobqueue_batches LIMIT 1")
+    if key is not None:
+        out["ledger_ms"], out["ledger_buffers"], _ = await _explain(
+            conn, _LEDGER, key["worker_id"], key["lane"])
+    return out
 
 
 @contextlib.asynccontextmanager
@@ -480,6 +500,7 @@ def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float,
         for k in mine:
             waits.update(k["waits"])
         span = max((t[0] for t in arrived), default=lo) - min((t[0] for t in arrived), default=lo)
+        achieved = (len(arrived) - 1) / span if span > 0 else math.nan
         holders = Counter(_holder(k)["horizon"] for k in mine)
         rows.append({
             "phase": phase.name, "order": i + 1, "seconds": phase.seconds,
@@ -488,7 +509,8 @@ def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float,
             "sustained": sustained_rate, "rate": rates[i],
             "capped": phase.load is not None and rates[i] < phase.load * sustained_rate,
             "arrivals": len(arrived), "jobs": len(counted),
-            "achieved_rate": (len(arrived) - 1) / span if span > 0 else math.nan,
+            "achieved_rate": achieved,
+            "rate_met": bool(achieved >= MET_SHARE * rates[i]),
             "completed_per_s": done / (hi - lo) if hi > lo else math.nan,
             "producer_late_p99_ms": quantile(lateness[i], 0.99) * 1000 if lateness[i] else 0.0,
             **_latencies(counted),
