@@ -185,6 +185,9 @@ class _Peer:
     system: str
     truncate: str
     vacuum: tuple[str, ...]
+    #: The system's own tables that a job's life writes to: what the pressure
+    #: benchmark measures (dead tuples, sizes) and its readers scan.
+    tables: tuple[str, ...]
     #: The table of per-job events: (table, time column, kind column), and the
     #: kinds that mean enqueued, started (claimed) and completed.
     events: tuple[str, str, str]
@@ -253,6 +256,7 @@ class _PgQueuer(_Peer):
     system = "pgqueuer"
     truncate = "TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics"
     vacuum = ("pgqueuer", "pgqueuer_log")
+    tables = vacuum
     drain_sql = """
         SELECT count(*) FILTER (WHERE status = 'successful') AS completed,
                count(DISTINCT job_id) FILTER (WHERE status = 'successful') AS distinct_completed,
@@ -315,6 +319,7 @@ class _Procrastinate(_Peer):
     truncate = ("TRUNCATE procrastinate_jobs, procrastinate_events, "
                 "procrastinate_periodic_defers, procrastinate_workers")
     vacuum = ("procrastinate_jobs", "procrastinate_events")
+    tables = vacuum
     drain_sql = """
         SELECT count(*) FILTER (WHERE status = 'succeeded') AS completed,
                count(*) FILTER (WHERE status = 'succeeded') AS distinct_completed,
@@ -650,6 +655,8 @@ class _JobQueue(_Peer):
     system = "jobqueue"
     truncate = "TRUNCATE jobs, jobqueue_workers"
     vacuum = ("jobs",)
+    #: The batch ledger too: every quick batch overwrites its lane's row.
+    tables = ("jobs", "jobqueue_batches")
     completed_sql = "SELECT count(*) FROM jobs WHERE status = 'completed' AND id <> $1"
     warm_sql = "SELECT count(*) FROM jobs WHERE status = 'completed' AND id = $1"
 
@@ -703,44 +710,82 @@ def _qname(q: float) -> str:
     return f"{q * 100:g}".replace(".", "_")
 
 
-async def open_loop(system: str, url: str, *, rate: float, seconds: float,
-                    setup: Mapping[str, Any] | None = None, connections: int = 8,
-                    warmup: float = WARMUP, log_dir: Path | None = None) -> dict[str, Any]:
-    """Arrivals at `rate` jobs/s for `warmup` + `seconds`, each enqueued in
-    its own transaction at its scheduled time (each system's `enqueue_one`,
-    over the same asyncpg pool); one idle worker process (continuous mode,
-    woken by its LISTEN/NOTIFY) started with the setup's `argv`. A job sent
-    first, not counted, proves the worker is up before the clock starts; the
-    first `warmup` s of arrivals are left out of the figures
-    (`latency_summary`). Returns the summary (with `system`, `argv`,
-    `settings`) and the counted jobs' latencies (s)."""
+class IdleWorker:
+    """One system's worker process, up and idle (`idle_worker`), with the
+    producer that enqueues its jobs and a connection for the measurements."""
+
+    def __init__(self, system: str, args: list[str], worker: WorkerProcess,
+                 conn: asyncpg.Connection, enqueue_one: Callable[[], Awaitable[Any]],
+                 warm_id: Any) -> None:
+        self.system, self.args, self.worker, self.conn = system, args, worker, conn
+        self.enqueue_one, self.warm_id = enqueue_one, warm_id
+        self.peer = _latency_peer(system)
+
+    async def completed(self, count: int) -> bool:
+        """Whether `count` jobs besides the first one are done (RuntimeError
+        if the worker has exited)."""
+        return await _completed(self.conn, self.peer, self.peer.completed_sql, self.warm_id,
+                                count, self.worker)
+
+    async def wait_completed(self, count: int, timeout: float) -> None:
+        await wait_for(lambda: self.completed(count), timeout=timeout, interval=0.05,
+                       message=f"every {self.system} job completed")
+
+    async def times(self) -> list[tuple[float, float, float]]:
+        """Each job's (enqueued, started, completed) epoch seconds, from the
+        system's own timestamps, the first job left out."""
+        rows = await self.conn.fetch(self.peer.latency_sql, self.warm_id)
+        return [(float(r["enqueued"]), float(r["started"]), float(r["completed"]))
+                for r in rows]
+
+
+@contextlib.asynccontextmanager
+async def idle_worker(system: str, url: str, setup: Mapping[str, Any] | None = None, *,
+                      connections: int = 8, log_dir: Path | None = None
+                      ) -> AsyncIterator[IdleWorker]:
+    """The system's tables emptied and vacuumed, one worker process
+    (continuous mode, woken by its LISTEN/NOTIFY) started with the setup's
+    `argv`, and a producer: each system's `enqueue_one` over the same asyncpg
+    pool. A first job, sent and completed before this yields, proves the
+    worker is up; `IdleWorker` leaves it out of everything it counts."""
     setup = {"system": system, **(setup or {})}
     peer = _latency_peer(system)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"{system}-latency-"))
     args = argv(setup)
     await _reset(url, peer, NOOP)
     await peer.vacuum_analyze(url)
+    conn = await db.connect(url, application_name="jobqueue bench")
     if system == "jobqueue":
         worker = WorkerProcess(url, log_dir / "worker.log", *args)
     else:
         worker = _process(url, system, log_dir / "worker.log", *args)
-    total = max(1, round(rate * (seconds + warmup)))
-    conn = await db.connect(url, application_name="jobqueue bench")
     try:
         async with peer.producer(url, connections) as enqueue_one:
             warm = await enqueue_one()
             warm_id = warm[0] if isinstance(warm, list) else warm
             await wait_for(lambda: _completed(conn, peer, peer.warm_sql, warm_id, 1, worker),
                            timeout=60, message=f"{system}'s worker to finish a first job")
-            lateness = await scenarios.arrivals(enqueue_one, rate, total)
-        await wait_for(lambda: _completed(conn, peer, peer.completed_sql, warm_id, total, worker),
-                       timeout=seconds + warmup + 120, interval=0.05,
-                       message="every job completed")
-        rows = await conn.fetch(peer.latency_sql, warm_id)
+            yield IdleWorker(system, args, worker, conn, enqueue_one, warm_id)
     finally:
         await worker.stop()
         await conn.close()
-    times = [(float(r["enqueued"]), float(r["started"]), float(r["completed"])) for r in rows]
+
+
+async def open_loop(system: str, url: str, *, rate: float, seconds: float,
+                    setup: Mapping[str, Any] | None = None, connections: int = 8,
+                    warmup: float = WARMUP, log_dir: Path | None = None) -> dict[str, Any]:
+    """Arrivals at `rate` jobs/s for `warmup` + `seconds`, each enqueued in
+    its own transaction at its scheduled time, to one idle worker
+    (`idle_worker`); the first `warmup` s of arrivals are left out of the
+    figures (`latency_summary`). Returns the summary (with `system`, `argv`,
+    `settings`) and the counted jobs' latencies (s)."""
+    total = max(1, round(rate * (seconds + warmup)))
+    async with idle_worker(system, url, setup, connections=connections,
+                           log_dir=log_dir) as running:
+        lateness = await scenarios.arrivals(running.enqueue_one, rate, total)
+        await running.wait_completed(total, timeout=seconds + warmup + 120)
+        times = await running.times()
+        args = running.args
     summary = latency_summary(rate, seconds, lateness, times, warmup)
     first = min(t[0] for t in times)
     counted = [t for t in sorted(times) if t[0] - first >= warmup]
@@ -760,7 +805,7 @@ async def _completed(conn: asyncpg.Connection, peer: _Peer, sql: str, marker: An
 # -- the comparison: setups run one after another, repeated --------------------------
 
 
-def _runnable(setups: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def runnable(setups: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The setups whose system can run here; one warning per missing system
     (graphile-worker's `available` says itself what it lacks)."""
     can = {system: available(system) for system in dict.fromkeys(s["system"] for s in setups)}
@@ -807,7 +852,7 @@ async def drain_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str
     """Every setup drains n jobs of type `handler` (or the setup's own `n`),
     `repeat` rounds; within a round the setups run one after another, so a
     slow spell of the machine hits them all rather than one system's runs."""
-    setups = _runnable(setups)
+    setups = runnable(setups)
     rows = []
     with scenarios.progress(len(setups) * repeat, f"drain ({handler})") as bar:
         for run in range(1, repeat + 1):
@@ -825,7 +870,7 @@ async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[s
     """Open-loop runs (`open_loop`) of every setup at every rate (jobqueue
     and the Python peers, through the same producer), `repeat` rounds: the
     summaries, and every counted job's latencies (ms)."""
-    setups = _runnable(setups)
+    setups = runnable(setups)
     summaries, samples = [], []
     with scenarios.progress(len(setups) * len(rates) * repeat, "latency") as bar:
         for run in range(1, repeat + 1):
@@ -851,7 +896,7 @@ async def memory_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[st
     sampled: the summaries (with the change per 10,000 jobs, comparable
     where the n differ), and the timelines. jobqueue runs as `cli_drain` runs
     it; every label is read back from the recorded `argv`."""
-    setups = _runnable(setups)
+    setups = runnable(setups)
     summaries, timelines = [], []
     with scenarios.progress(len(setups), "memory") as bar:
         for setup in setups:

@@ -16,7 +16,7 @@ import matplotlib
 import pandas as pd
 
 from jobqueue.benchmarks import context as results_context
-from jobqueue.benchmarks import load, peers, plots, run_record
+from jobqueue.benchmarks import load, peers, plots, pressure_report, run_record
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 RESULTS = CHECKOUT / "notebooks" / "benchmarks" / "results"
@@ -940,6 +940,31 @@ def _limits(results: Path) -> str:
     ])
 
 
+def _pressure(results: Path) -> str:
+    """The queues while vacuum is held back (`pressure.ipynb`)."""
+    df, context = load("pressure", results)
+    timeline, _ = load("pressure_timeline", results)
+    lines = [
+        "## Under pressure: vacuum held back", "",
+        "A session that keeps a transaction open pins the xmin horizon: from then on vacuum can "
+        "remove no row version that died after it began, and every finished job's dead "
+        "versions stay in the queue's tables and indexes for each claim to step over. "
+        "jobqueue, PgQueuer and Procrastinate go through the same phases in one run.", "",
+        *pressure_report.method(df, context), "",
+        plots.markdown(pressure_report.table(df), ",.1f"), "",
+        *configuration_notes(df), "",
+        _figure(pressure_report.plot(timeline, df), "pressure", results), "",
+        "\n\n".join(pressure_report.findings(df, timeline)), "",
+        "The issue's goal for jobqueue, against this run:", "",
+        *pressure_report.goal_lines(df, timeline)]
+    probes = pressure_report.probe_table(df)
+    if not probes.empty:
+        lines += ["", "jobqueue's claim at the end of each phase (EXPLAIN (ANALYZE, BUFFERS) "
+                  "of `take`, as a lane sends it, in a transaction rolled back):", "",
+                  plots.markdown(probes)]
+    return "\n".join(lines)
+
+
 def _ceiling(results: Path) -> str:
     df, context = load("ceiling", results)
     rows = df.set_index("name")
@@ -973,6 +998,7 @@ SECTIONS: Sequence[tuple[str, Callable[[Path], str]]] = (
     ("latency", _latency),
     ("recovery", _recovery),
     ("comparison_drain", _peers),
+    ("pressure", _pressure),
     ("ceiling", _ceiling),
 )
 

@@ -36,7 +36,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = CHECKOUT / "notebooks" / "benchmarks"
 RESULTS = NOTEBOOKS / "results"
 #: The notebooks of `make bench`, in the order they run.
-BENCH_NOTEBOOKS = ("throughput", "latency", "recovery", "comparison")
+BENCH_NOTEBOOKS = ("throughput", "latency", "recovery", "comparison", "pressure")
 #: The steps after the notebooks, as this driver runs them.
 AFTER = {"ceiling": [sys.executable, "-m", "jobqueue.benchmarks.ceiling", "--save"],
          "report": [sys.executable, "-m", "jobqueue.benchmarks.report"],

@@ -43,7 +43,7 @@ import shlex
 import signal
 import statistics
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -617,16 +617,24 @@ async def arrivals(enqueue_one: Callable[[], Awaitable[Any]], rate: float, total
     """Call `enqueue_one` `total` times at `rate`, each at its own scheduled
     time whatever the earlier ones are doing (open loop); returns how late each
     was sent (the producer's own lag, reported with the result)."""
+    return await arrivals_at(enqueue_one, [i / rate for i in range(total)])
+
+
+async def arrivals_at(enqueue_one: Callable[[], Awaitable[Any]], offsets: Iterable[float],
+                      start: float | None = None) -> list[float]:
+    """`arrivals` on any schedule: a call at each of `offsets` (seconds after
+    `start`, a time of the running loop's clock; default 50 ms from now), in
+    order, none waiting for another; how late each was sent."""
     loop = asyncio.get_running_loop()
-    start = loop.time() + 0.05
+    start = loop.time() + 0.05 if start is None else start
     lateness: list[float] = []
     tasks: set[asyncio.Task[Any]] = set()
 
     async def one() -> None:
         await enqueue_one()
 
-    for i in range(total):
-        due = start + i / rate
+    for offset in offsets:
+        due = start + offset
         delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)

@@ -1,0 +1,619 @@
+"""Pressure: what a queue's latency does while vacuum cannot run.
+
+Every finished job leaves dead row versions behind, in its table and in
+every index that pointed at it, and vacuum may remove a version only once no
+transaction could still see it. One session that keeps a transaction open —
+idle with an xid, or a REPEATABLE READ report that keeps its snapshot — pins
+the database's xmin horizon: from then on nothing dead can go, and each claim
+steps over more and more of it (`jobqueue.ops.horizon` names who holds it).
+
+`run` takes one system (jobqueue, PgQueuer or Procrastinate, each in its
+own database and with its own worker process, configured as in the
+comparison: `peers.idle_worker`) through a list of phases, `PHASES`, while
+jobs arrive one by one at scheduled times, each in its own transaction
+(open loop, as `peers.open_loop`). A phase is data (`Phase`): how long it
+lasts and what holds back vacuum meanwhile:
+
+- `holder`: one session (application_name `pressure holder`) that ran
+  `SELECT pg_current_xact_id()` in a transaction it leaves open;
+- `readers`: that many sessions (`pressure reader`), each in one long
+  REPEATABLE READ transaction that scans the system's tables again and again
+  (`count(*)` of each, then a pause), so its snapshot pins the horizon too;
+- `load`: the arrival rate as a multiple of what the worker sustains (a
+  drain measured first, `sustained`), capped at what one producer can send
+  (`Config.max_rate`); otherwise `Config.rate` (or, for a system that
+  sustains less, a share of what it sustains: `Config.base_share`).
+
+A phase that asks for the holder or readers the one before had keeps the very
+same sessions, so the horizon stays where it was first pinned; the first phase
+without them releases them. Meanwhile a sampler (`pressure sampler`) reads,
+every `Config.interval` seconds, what the system's other sessions wait on
+(`pg_stat_activity`), its tables' dead tuples and sizes
+(`pg_stat_user_tables`, `pg_total_relation_size`, `pg_indexes_size`), the
+readers present and the horizon's holder (`horizon.oldest`). For jobqueue,
+the end of each phase also runs `EXPLAIN (ANALYZE, BUFFERS)` of its claim
+(`take` in queries.sql, in a transaction rolled back): how many buffers one
+claim reads, and how long it takes.
+
+Figures come from each system's own timestamps (as in `peers`): per phase
+(`phase_rows`) and per window of `Config.window` seconds (`timeline_rows`),
+the first `Config.warmup` seconds of arrivals left out of the latencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import shlex
+import tempfile
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from jobqueue import db
+from jobqueue.benchmarks import peers, scenarios
+from jobqueue.benchmarks.quick import quantile
+from jobqueue.ops import horizon
+from jobqueue.schema.queries import queries
+from jobqueue.worker import DEFAULT_BATCH_SIZE
+
+logger = logging.getLogger(__name__)
+
+HOLDER = "pressure holder"
+READER = "pressure reader"
+SAMPLER = "pressure sampler"
+PROBE = "pressure probe"
+#: The systems measured, as the comparison's latency runs configure them
+#: (one worker process each): jobqueue as the README starts it, PgQueuer at
+#: jobqueue's batch ceiling, Procrastinate at its docs' example concurrency
+#: (its drain smaller: it sustains a few hundred jobs/s).
+SETUPS: tuple[dict[str, Any], ...] = (
+    {"system": "jobqueue", "flags": []},
+    {"system": "pgqueuer", "batch_size": DEFAULT_BATCH_SIZE},
+    {"system": "procrastinate", "concurrency": 30, "n": 600},
+)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of a run: `seconds` long, with the holder held or not,
+    `readers` REPEATABLE READ readers, and arrivals at `load` × the
+    sustained rate (None: the base rate)."""
+
+    name: str
+    seconds: float
+    holder: bool = False
+    readers: int = 0
+    load: float | None = None
+
+    @property
+    def pinned(self) -> bool:
+        """Whether something holds back vacuum during this phase."""
+        return self.holder or self.readers > 0
+
+
+#: The issue's phases: a baseline, the holder alone, readers beside it, 1.5×
+#: what the worker sustains with both still there, then everything released.
+#: The seconds are the full size's (`make bench`); see the notebook.
+PHASES: tuple[dict[str, Any], ...] = (
+    {"name": "baseline", "seconds": 20},
+    {"name": "holder", "seconds": 60, "holder": True},
+    {"name": "readers", "seconds": 30, "holder": True, "readers": 4},
+    {"name": "load", "seconds": 30, "holder": True, "readers": 4, "load": 1.5},
+    {"name": "recovery", "seconds": 40},
+)
+
+
+def phases(spec: Sequence[Mapping[str, Any] | Phase]) -> tuple[Phase, ...]:
+    """Phases from their dicts (`PHASES`, or JSON from
+    `JOBQUEUE_BENCH_PRESSURE_PHASES`); ValueError naming the first mistake."""
+    known = {f.name for f in fields(Phase)}
+    out = []
+    for i, item in enumerate(spec):
+        if isinstance(item, Phase):
+            out.append(item)
+            continue
+        unknown = sorted(set(item) - known)
+        if unknown or "name" not in item or "seconds" not in item:
+            raise ValueError(f"phase {i + 1}: needs name and seconds, may have "
+                             f"holder, readers, load; got {sorted(item)}")
+        phase = Phase(**item)
+        if not (phase.seconds > 0 and phase.readers >= 0
+                and (phase.load is None or phase.load > 0)):
+            raise ValueError(f"phase {phase.name!r}: seconds and load must be positive, "
+                             "readers not negative")
+        out.append(phase)
+    if not out:
+        raise ValueError("no phases")
+    return tuple(out)
+
+
+def with_seconds(spec: Sequence[Mapping[str, Any]], seconds: float) -> list[dict[str, Any]]:
+    """The same phases, each `seconds` long (the smoke size)."""
+    return [{**item, "seconds": seconds} for item in spec]
+
+
+@dataclass(frozen=True)
+class Config:
+    """A pressure run's sizes (the notebook's parameters).
+
+    rate: jobs/s outside the load phases; base_share: a system that sustains
+    less than rate / base_share gets base_share × what it sustains instead,
+    so that its baseline is not a backlog; max_rate: the load phases' cap,
+    what one producer process can send; interval: seconds between samples;
+    window: the timeline's step; warmup: seconds of arrivals left out at the
+    start; reader_pause: seconds a reader waits between its scans; settle:
+    seconds the last jobs may take to complete after the last phase;
+    sustained: each system's sustained rate given instead of measured (the
+    smoke size, whose drains would measure process start-up); drain_n: the
+    drain that measures it otherwise (a setup's own `n` wins)."""
+
+    phases: tuple[Phase, ...] = field(default_factory=lambda: phases(PHASES))
+    rate: float = 500.0
+    max_rate: float = 1000.0
+    base_share: float = 0.7
+    drain_n: int = 20_000
+    sustained: Mapping[str, float] | None = None
+    interval: float = 0.5
+    window: float = 5.0
+    warmup: float = peers.WARMUP
+    reader_pause: float = 0.5
+    settle: float = 300.0
+    connections: int = 8
+    top_waits: int = 3
+
+    def base_rate(self, sustained: float) -> float:
+        return min(self.rate, self.base_share * sustained)
+
+    def rate_of(self, phase: Phase, sustained: float) -> float:
+        if phase.load is None:
+            return self.base_rate(sustained)
+        return min(phase.load * sustained, self.max_rate)
+
+
+# -- what holds back vacuum ------------------------------------------------------
+
+
+class _Pressure:
+    """The holder and the readers of one system's database, brought to what
+    each phase asks (`apply`); the same sessions stay while phases keep them."""
+
+    def __init__(self, url: str, tables: Sequence[str], pause: float) -> None:
+        self.url, self.tables, self.pause = url, tables, pause
+        self.holder: asyncpg.Connection | None = None
+        self.readers: list[tuple[asyncio.Task[None], asyncio.Event]] = []
+
+    async def apply(self, phase: Phase | None) -> None:
+        want_holder = phase is not None and phase.holder
+        want_readers = phase.readers if phase is not None else 0
+        if want_holder and self.holder is None:
+            self.holder = await db.connect(self.url, application_name=HOLDER)
+            await self.holder.execute("BEGIN")
+            await self.holder.fetchval("SELECT pg_current_xact_id()")
+        elif not want_holder and self.holder is not None:
+            holder, self.holder = self.holder, None
+            await holder.execute("ROLLBACK")
+            await holder.close()
+        while len(self.readers) > want_readers:
+            task, stop = self.readers.pop()
+            stop.set()
+            await task
+        while len(self.readers) < want_readers:
+            stop, began = asyncio.Event(), asyncio.Event()
+            task = asyncio.create_task(self._read(stop, began))
+            self.readers.append((task, stop))
+            waiter = asyncio.create_task(began.wait())
+            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if task.done():
+                await task  # it failed before its first scan: say why
+
+    async def _read(self, stop: asyncio.Event, began: asyncio.Event) -> None:
+        conn = await db.connect(self.url, application_name=READER)
+        try:
+            await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            while not stop.is_set():
+                for table in self.tables:
+                    await conn.fetchval(f"SELECT count(*) FROM {table}")
+                began.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.pause)
+            await conn.execute("COMMIT")
+        finally:
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def _pressure(url: str, tables: Sequence[str], pause: float) -> AsyncIterator[_Pressure]:
+    pressure = _Pressure(url, tables, pause)
+    try:
+        yield pressure
+    finally:
+        await pressure.apply(None)
+
+
+# -- what the database says meanwhile --------------------------------------------
+
+#: What the system's sessions wait on (not the pressure's own): each active
+#: backend once, `CPU` where it waits on nothing (running, or in code no wait
+#: event covers); autovacuum workers included.
+_WAITS = """
+    SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') AS wait, count(*) AS n
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND (state = 'active' OR backend_type = 'autovacuum worker')
+      AND application_name NOT LIKE 'pressure %'
+    GROUP BY 1"""
+_READERS = """
+    SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND application_name = $1
+      AND backend_xmin IS NOT NULL"""
+_TABLES = """
+    SELECT extract(epoch FROM clock_timestamp()) AS at, relname AS name,
+           n_dead_tup AS dead, n_live_tup AS live,
+           pg_total_relation_size(relid) AS total_bytes, pg_indexes_size(relid) AS index_bytes
+    FROM pg_stat_user_tables WHERE relname = ANY($1::text[])"""
+MIB = 1024 * 1024
+#: A phase whose arrivals came at less than this share of its rate is flagged
+#: (`rate_met`): the producer could not send them on time.
+MET_SHARE = 0.95
+
+
+async def _sample(conn: asyncpg.Connection, tables: Sequence[str]) -> dict[str, Any]:
+    rows = await conn.fetch(_TABLES, list(tables))
+    holder = await horizon.oldest(conn)
+    waits = {r["wait"]: int(r["n"]) for r in await conn.fetch(_WAITS)}
+    return {"at": float(rows[0]["at"]) if rows else await _now(conn),
+            "tables": {r["name"]: (int(r["dead"]), int(r["live"]), int(r["total_bytes"]),
+                                   int(r["index_bytes"])) for r in rows},
+            "horizon": holder, "waits": waits,
+            "readers": int(await conn.fetchval(_READERS, READER))}
+
+
+async def _sampler(url: str, tables: Sequence[str], interval: float,
+                   into: list[dict[str, Any]]) -> None:
+    conn = await db.connect(url, application_name=SAMPLER)
+    try:
+        while True:
+            into.append(await _sample(conn, tables))
+            await asyncio.sleep(interval)
+    finally:
+        await conn.close()
+
+
+async def _now(conn: asyncpg.Connection) -> float:
+    return float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
+
+
+async def _explain(conn: asyncpg.Connection, sql: str, *args: Any) -> tuple[float, int, int]:
+    """`sql` under EXPLAIN (ANALYZE, BUFFERS) in a transaction rolled back:
+    its execution time (ms), the buffers the whole plan read (shared hit +
+    read) and the rows it returned."""
+    async with _rolled_back(conn):
+        raw = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, *args)
+    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]
+    top = plan["Plan"]
+    return (float(plan["Execution Time"]),
+            int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)),
+            int(top["Actual Rows"]))
+
+
+#: The batch ledger's row of one lane, found by its key as the upsert that
+#: overwrites it every batch (`record_batch`) finds it.
+_LEDGER = "SELECT xid FROM jobqueue_batches WHERE worker_id = $1 AND lane = $2"
+
+
+async def explain_take(conn: asyncpg.Connection, limit: int = DEFAULT_BATCH_SIZE
+                       ) -> dict[str, Any]:
+    """What one claim costs now: jobqueue's `take`, as a lane of a worker at
+    its defaults sends it (`_explain`: ms, buffers, rows locked); and the
+    lookup of a lane's row in the batch ledger, which every quick batch
+    overwrites (`ledger_*`; NaN before the first batch)."""
+    take = queries["take"]
+    ms, buffers, rows = await _explain(conn, take.positional, *take.args(
+        {"queue": "default", "job_types": ["noop"], "limit": limit}))
+    out: dict[str, Any] = {"take_ms": ms, "take_buffers": buffers, "take_rows": rows,
+                           "ledger_ms": math.nan, "ledger_buffers": math.nan}
+    key = await conn.fetchrow("SELECT worker_id, lane FROM jobqueue_batches LIMIT 1")
+    if key is not None:
+        out["ledger_ms"], out["ledger_buffers"], _ = await _explain(
+            conn, _LEDGER, key["worker_id"], key["lane"])
+    return out
+
+
+@contextlib.asynccontextmanager
+async def _rolled_back(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    await conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        await conn.execute("ROLLBACK")
+
+
+#: What each system's phases end with besides the samples.
+PROBES: dict[str, Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]]] = {
+    "jobqueue": explain_take}
+
+
+# -- one system through the phases ------------------------------------------------
+
+
+async def sustained(system: str, url: str, setup: Mapping[str, Any], n: int) -> float:
+    """What the setup's worker sustains: jobs/s of a drain of `n` no-op jobs
+    (the setup's own `n` if it has one) already queued (`peers.drain_setup`)."""
+    row = await peers.drain_setup({system: url}, {"system": system, **setup}, n=n)
+    return float(row["jobs_per_sec"])
+
+
+async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
+              steps: Any = None) -> dict[str, Any]:
+    """One system through `config.phases` (see the module's docstring):
+    the per-phase rows, the timeline and the wait events counted per phase
+    (`rows`, `timeline`, `waits`), all tagged with `system`, `argv` and the
+    `settings` label read back from it."""
+    setup = {"system": system, **setup}
+    given = (config.sustained or {}).get(system)
+    rate = float(given) if given is not None else await sustained(system, url, setup,
+                                                                  config.drain_n)
+    if steps is not None:
+        steps.update()
+    rates = [config.rate_of(phase, rate) for phase in config.phases]
+    log_dir = Path(tempfile.mkdtemp(prefix=f"{system}-pressure-"))
+    probe = PROBES.get(system)
+    ticks: list[dict[str, Any]] = []
+    async with peers.idle_worker(system, url, setup, connections=config.connections,
+                                 log_dir=log_dir) as running:
+        tables = running.peer.tables
+        async with _pressure(url, tables, config.reader_pause) as pressure:
+            sampler = asyncio.create_task(_sampler(url, tables, config.interval, ticks))
+            probe_conn = await db.connect(url, application_name=PROBE)
+            try:
+                bounds, probes, lateness = await _phases(
+                    running, pressure, config, rates, probe_conn if probe else None, probe,
+                    steps)
+            finally:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
+                await probe_conn.close()
+        total = sum(len(x) for x in lateness)
+        await running.wait_completed(total, timeout=config.settle)
+        times = await running.times()
+        args = running.args
+    tags = {"system": system, "argv": shlex.join(args), "settings": peers.label(system, args)}
+    return {"rows": [{**tags, **row} for row in phase_rows(
+                config, rates, rate, bounds, times, ticks, probes, lateness)],
+            "timeline": [{**tags, **row} for row in timeline_rows(config, bounds, times, ticks)],
+            "waits": [{**tags, **row} for row in wait_rows(config.phases, bounds, ticks)]}
+
+
+async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config,
+                  rates: Sequence[float], probe_conn: asyncpg.Connection | None,
+                  probe: Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]] | None,
+                  steps: Any) -> tuple[list[float], list[dict[str, Any]], list[list[float]]]:
+    """The phases on the loop's clock, the producer running through all of
+    them without a pause: each phase's start on the database's clock (and the
+    end), what the probe read at each phase's end, and how late each phase's
+    arrivals were sent."""
+    loop = asyncio.get_running_loop()
+    offsets = [0.0]
+    for phase in config.phases:
+        offsets.append(offsets[-1] + phase.seconds)
+    counts = [max(1, round(r * p.seconds)) for r, p in zip(rates, config.phases, strict=True)]
+    schedule = [offsets[i] + k / rates[i] for i, n in enumerate(counts) for k in range(n)]
+    clock = running.conn
+    bounds, probes = [], []
+    await pressure.apply(config.phases[0])
+    bounds.append(await _now(clock))
+    start = loop.time()
+    producer = asyncio.create_task(scenarios.arrivals_at(running.enqueue_one, schedule, start))
+    try:
+        for i in range(1, len(config.phases) + 1):
+            await asyncio.wait([producer], timeout=max(0.0, start + offsets[i] - loop.time()))
+            if producer.done() and producer.exception() is not None:
+                await producer
+            if running.worker.proc.poll() is not None:
+                raise RuntimeError(f"{running.system} worker exited: "
+                                   f"{running.worker.log()[-2000:]}")
+            probes.append(await probe(probe_conn) if probe and probe_conn else {})
+            if i < len(config.phases):
+                await pressure.apply(config.phases[i])
+            bounds.append(await _now(clock))
+            if steps is not None:
+                steps.update()
+        await pressure.apply(None)
+        lateness = await producer
+    finally:
+        if not producer.done():
+            producer.cancel()
+    cut = [sum(counts[:i]) for i in range(len(counts) + 1)]
+    return bounds, probes, [lateness[cut[i]:cut[i + 1]] for i in range(len(counts))]
+
+
+# -- figures ------------------------------------------------------------------------
+
+
+def _phase_of(at: float, bounds: Sequence[float]) -> int:
+    """The phase a database time falls in (the last one runs on)."""
+    for i in range(len(bounds) - 2, -1, -1):
+        if at >= bounds[i]:
+            return i
+    return 0
+
+
+def _latencies(jobs: Sequence[tuple[float, float, float]]) -> dict[str, float]:
+    out = {}
+    for name, i in (("start", 1), ("complete", 2)):
+        values = [t[i] - t[0] for t in jobs]
+        for q in (0.5, 0.99):
+            out[f"{name}_p{q * 100:g}_ms"] = (quantile(values, q) * 1000
+                                              if values and peers.carried(q, len(values))
+                                              else math.nan)
+    out["complete_max_ms"] = max((t[2] - t[0] for t in jobs), default=math.nan) * 1000
+    return out
+
+
+def _tables(tick: dict[str, Any] | None) -> dict[str, Any]:
+    if tick is None:
+        return {"dead_tuples": math.nan, "live_tuples": math.nan, "total_mib": math.nan,
+                "index_mib": math.nan, "dead_by_table": ""}
+    tables = tick["tables"]
+    return {"dead_tuples": sum(t[0] for t in tables.values()),
+            "live_tuples": sum(t[1] for t in tables.values()),
+            "total_mib": sum(t[2] for t in tables.values()) / MIB,
+            "index_mib": sum(t[3] for t in tables.values()) / MIB,
+            "dead_by_table": ", ".join(f"{name} {t[0]:,}" for name, t in sorted(tables.items()))}
+
+
+def _holder(tick: dict[str, Any] | None) -> dict[str, Any]:
+    h = None if tick is None else tick["horizon"]
+    return {"horizon": "" if h is None else h.name or h.kind,
+            "horizon_age_s": math.nan if h is None or h.age_seconds is None else h.age_seconds,
+            "horizon_xid_age": math.nan if h is None else h.xid_age}
+
+
+def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float,
+               bounds: Sequence[float], times: Sequence[tuple[float, float, float]],
+               ticks: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]],
+               lateness: Sequence[Sequence[float]]) -> list[dict[str, Any]]:
+    """One row per phase: its arrivals and the rate they came at, the
+    completions recorded in it per second, the latencies of the jobs
+    enqueued in it (warm-up left out), the tables at its last sample, the
+    horizon's holder then, the readers seen, the top wait events."""
+    first = bounds[0]
+    rows = []
+    for i, phase in enumerate(config.phases):
+        lo, hi = bounds[i], bounds[i + 1]
+        last = i == len(config.phases) - 1
+        arrived = [t for t in times if _phase_of(t[0], bounds) == i]
+        counted = [t for t in arrived if t[0] >= first + config.warmup]
+        done = sum(lo <= t[2] < hi for t in times)
+        mine = [k for k in ticks if lo <= k["at"] < hi or (last and k["at"] >= hi)]
+        waits: Counter[str] = Counter()
+        for k in mine:
+            waits.update(k["waits"])
+        span = max((t[0] for t in arrived), default=lo) - min((t[0] for t in arrived), default=lo)
+        achieved = (len(arrived) - 1) / span if span > 0 else math.nan
+        holders = Counter(_holder(k)["horizon"] for k in mine)
+        rows.append({
+            "phase": phase.name, "order": i + 1, "seconds": phase.seconds,
+            "start_s": lo - first, "end_s": hi - first, "holder": phase.holder,
+            "readers": phase.readers, "load": phase.load, "pinned": phase.pinned,
+            "sustained": sustained_rate, "rate": rates[i],
+            "capped": phase.load is not None and rates[i] < phase.load * sustained_rate,
+            "arrivals": len(arrived), "jobs": len(counted),
+            "achieved_rate": achieved,
+            "rate_met": bool(achieved >= MET_SHARE * rates[i]),
+            "completed_per_s": done / (hi - lo) if hi > lo else math.nan,
+            "producer_late_p99_ms": quantile(lateness[i], 0.99) * 1000 if lateness[i] else 0.0,
+            **_latencies(counted),
+            **_tables(mine[-1] if mine else None),
+            **_holder(mine[-1] if mine else None),
+            "holder_share": (holders[HOLDER] / len(mine)) if mine else math.nan,
+            "readers_seen": max((k["readers"] for k in mine), default=0),
+            "samples": len(mine),
+            "top_waits": ", ".join(f"{w} {n}" for w, n in waits.most_common(config.top_waits)),
+            **probes[i],
+        })
+    return rows
+
+
+def timeline_rows(config: Config, bounds: Sequence[float],
+                  times: Sequence[tuple[float, float, float]],
+                  ticks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per `config.window` seconds from the first phase's start: the
+    phase it began in, the latencies of the jobs enqueued in it, the
+    completions per second, and the last sample's tables and horizon."""
+    first, end, step = bounds[0], bounds[-1], config.window
+    count = max(1, math.ceil((end - first) / step))
+
+    def bucket(at: float) -> int:
+        return math.floor((at - first) / step)
+
+    enqueued: list[list[tuple[float, float, float]]] = [[] for _ in range(count)]
+    done = [0] * count
+    for t in times:
+        w = bucket(t[0])
+        if 0 <= w < count and t[0] >= first + config.warmup:
+            enqueued[w].append(t)
+        w = bucket(t[2])
+        if 0 <= w < count:
+            done[w] += 1
+    last: list[dict[str, Any] | None] = [None] * count
+    readers = [0] * count
+    for k in ticks:
+        w = bucket(k["at"])
+        if 0 <= w < count:
+            last[w] = k
+            readers[w] = max(readers[w], k["readers"])
+    return [{"t": w * step, "phase": config.phases[_phase_of(first + w * step, bounds)].name,
+             "jobs": len(enqueued[w]), "completed_per_s": done[w] / step,
+             **_latencies(enqueued[w]), **_tables(last[w]), **_holder(last[w]),
+             "readers_seen": readers[w]} for w in range(count)]
+
+
+def wait_rows(phase_list: Sequence[Phase], bounds: Sequence[float],
+              ticks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every wait event seen, counted per phase (one count per backend per sample)."""
+    counts: dict[int, Counter[str]] = {i: Counter() for i in range(len(phase_list))}
+    for k in ticks:
+        counts[_phase_of(k["at"], bounds)].update(k["waits"])
+    return [{"phase": phase_list[i].name, "wait": wait, "count": n}
+            for i, c in counts.items() for wait, n in c.most_common()]
+
+
+# -- every system, one after another --------------------------------------------------
+
+
+def _database(system: str, prefix: str) -> str:
+    return prefix if system == "jobqueue" else f"{prefix}_{system}"
+
+
+async def open_databases(systems: Sequence[str], prefix: str = "pressure") -> dict[str, str]:
+    """A database for each system (`jobqueue_bench_<prefix>[_<system>]`),
+    its schema installed (`scenarios.open_bench`, `peers.open_peer`): their URLs."""
+    urls = {}
+    for system in systems:
+        name = _database(system, prefix)
+        urls[system] = await (scenarios.open_bench(name) if system == "jobqueue"
+                              else peers.open_peer(system, name))
+    return urls
+
+
+async def close_databases(systems: Sequence[str], prefix: str = "pressure") -> None:
+    for system in systems:
+        await scenarios.close_bench(_database(system, prefix))
+
+
+async def comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]],
+                     config: Config) -> tuple[list[dict[str, Any]], ...]:
+    """`run` for every setup whose system is installed, one after another:
+    (rows, timeline, waits) of all of them."""
+    setups = peers.runnable(setups)
+    rows: list[dict[str, Any]] = []
+    timeline: list[dict[str, Any]] = []
+    waits: list[dict[str, Any]] = []
+    with scenarios.progress(len(setups) * (len(config.phases) + 1), "pressure") as bar:
+        for setup in setups:
+            system = setup["system"]
+            result = await run(system, urls[system],
+                               {k: v for k, v in setup.items() if k != "system"}, config, bar)
+            rows += result["rows"]
+            timeline += result["timeline"]
+            waits += result["waits"]
+    return rows, timeline, waits
+
+
+def settings_of(config: Config) -> dict[str, str]:
+    """The run's sizes for the results files' header."""
+    values = asdict(config)
+    values["phases"] = json.dumps([{k: v for k, v in asdict(p).items() if v not in (None, 0)
+                                    or k in ("name", "seconds")} for p in config.phases])
+    return {f"pressure_{k}": str(v) for k, v in values.items()}

@@ -1,0 +1,111 @@
+"""The pressure benchmark at toy size: a real jobqueue worker process, a real
+holder and real REPEATABLE READ readers pinning the horizon, checked from
+outside with VACUUM; the rows, labels and report that come out."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from jobqueue import db
+from jobqueue.benchmarks import peers, pressure, save, scenarios
+from jobqueue.benchmarks.report import render
+from jobqueue.ops import horizon
+from jobqueue.testing import wait_for
+
+PHASES = [{"name": "baseline", "seconds": 1.5},
+          {"name": "holder", "seconds": 2, "holder": True},
+          {"name": "readers", "seconds": 2, "holder": True, "readers": 2},
+          {"name": "recovery", "seconds": 1.5}]
+
+
+async def _dead_after_vacuum(conn: asyncpg.Connection) -> int:
+    """What VACUUM could not remove from jobs: dead versions someone may still see."""
+    await conn.execute("VACUUM jobs")
+    return int(await conn.fetchval(
+        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs'"))
+
+
+async def _watch(conn: asyncpg.Connection) -> dict[str, Any]:
+    """From outside the run: the holder named as the horizon's, what VACUUM
+    leaves while it holds, the readers with their snapshots."""
+    async def held() -> horizon.Holder | None:
+        h = await horizon.oldest(conn)
+        return h if h is not None and (h.name, h.state) == (
+            pressure.HOLDER, "idle in transaction") else None
+
+    seen: dict[str, Any] = {"holder": await wait_for(held, timeout=60, message="the holder")}
+    seen["holder_session"] = await conn.fetchrow(
+        "SELECT state, backend_xid IS NOT NULL AS has_xid FROM pg_stat_activity"
+        " WHERE application_name = $1", pressure.HOLDER)
+    seen["dead_held"] = await _dead_after_vacuum(conn)
+
+    async def readers() -> list[asyncpg.Record] | None:
+        rows = await conn.fetch(
+            "SELECT state FROM pg_stat_activity WHERE application_name = $1"
+            " AND backend_xmin IS NOT NULL AND backend_xid IS NULL", pressure.READER)
+        return rows if len(rows) == 2 else None
+
+    seen["readers"] = await wait_for(readers, timeout=30, message="two RR readers")
+    await asyncio.sleep(0.5)  # more jobs finish meanwhile
+    seen["dead_later"] = await _dead_after_vacuum(conn)
+    return seen
+
+
+async def test_a_run_pins_the_horizon_only_while_its_holder_and_readers_are_there(
+        bench_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("jobqueue.benchmarks.results_dir", lambda: tmp_path)
+    config = pressure.Config(phases=pressure.phases(PHASES), rate=40, sustained={"jobqueue": 500},
+                             window=0.5, warmup=0.2, settle=60)
+    conn = await db.connect(bench_url)
+    try:
+        result, seen = await asyncio.gather(
+            pressure.run("jobqueue", bench_url, {"flags": []}, config), _watch(conn))
+        assert tuple(seen["holder_session"]) == ("idle in transaction", True)
+        # While held, VACUUM leaves the finished jobs' versions, more and more of them.
+        assert 0 < seen["dead_held"] < seen["dead_later"]
+        assert {r["state"] for r in seen["readers"]} <= {"active", "idle in transaction"}
+        assert await horizon.oldest(conn) is None  # released: nothing holds it now
+        assert await _dead_after_vacuum(conn) == 0  # and VACUUM takes every one of them
+        context = {**await scenarios.environment(bench_url), **pressure.settings_of(config)}
+    finally:
+        await conn.close()
+
+    rows = result["rows"]
+    assert [r["phase"] for r in rows] == [p["name"] for p in PHASES]
+    assert all(r["arrivals"] > 0 and r["completed_per_s"] > 0 for r in rows)
+    assert [r["holder_share"] for r in rows] == [0, 1, 1, 0]
+    assert [r["readers_seen"] for r in rows] == [0, 0, 2, 0]
+    assert [r["horizon"] == pressure.HOLDER for r in rows] == [False, True, True, False]
+    assert all(r["rate"] == 40 and r["take_buffers"] > 0 for r in rows)
+    for r in rows:  # the label is read back from the arguments the worker got
+        assert r["argv"] == "--import jobqueue.benchmarks.handlers"
+        assert r["settings"] == peers.label("jobqueue", shlex.split(r["argv"]))
+        assert r["settings"].startswith("CLI defaults")
+    assert {t["phase"] for t in result["timeline"]} == {p["name"] for p in PHASES}
+    assert {w["phase"] for w in result["waits"]} <= {p["name"] for p in PHASES}
+
+    save(rows, "pressure", context)
+    save(result["timeline"], "pressure_timeline", context)
+    text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Under pressure" in text and "holder 2 s (holder)" in text
+    assert "The issue's goal for jobqueue" in text
+    assert (tmp_path / "pressure.png").stat().st_size > 0
+
+
+def test_phases_are_data_checked_and_rates_follow_them() -> None:
+    with pytest.raises(ValueError, match="phase 2: needs name and seconds"):
+        pressure.phases([{"name": "a", "seconds": 1}, {"name": "b", "sconds": 1}])
+    with pytest.raises(ValueError, match="'b': seconds and load must be positive"):
+        pressure.phases([{"name": "b", "seconds": 1, "load": 0}])
+    base, load = pressure.phases(pressure.with_seconds(
+        [{"name": "base", "seconds": 9}, {"name": "load", "seconds": 9, "load": 1.5}], 2))
+    assert (base.seconds, load.seconds, load.pinned) == (2, 2, False)
+    config = pressure.Config(phases=(base, load), rate=500, max_rate=1000, base_share=0.7)
+    assert [config.rate_of(p, 30_000) for p in (base, load)] == [500, 1000]  # capped
+    assert [config.rate_of(p, 200) for p in (base, load)] == [140, 300]  # a slow system
