@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import enqueue, enqueue_many
-from jobqueue.testing import wait_for
+from jobqueue.testing import in_state, wait_for
 
 WORKER_FLAGS = ("--shared", "--backoff-base", "0.2", "--backoff-jitter", "0")
 
@@ -66,12 +66,15 @@ async def test_a_handler_that_blocks_the_event_loop_gets_its_worker_fenced_and_c
     async with engine.begin() as s:
         job_id = await enqueue(s, "block", {"seconds": 4}, max_retries=0)
         await s.execute(text("UPDATE jobs SET timeout = 1"))
+    # Its own timeout cannot fire while the loop is blocked; another worker's lease can.
+    # That one is up before the block begins (its start-up must not eat the 4 s on a
+    # busy machine) and knows no `block`, so the job goes to the other.
+    fencer = spawn_worker("--shared", "--lease", "1", handlers="tests.handlers_left")
+    await wait_for(lambda: in_state(conn, fencer, "shared"), timeout=30, message="the fencer")
     blocked = spawn_worker("--shared", "--lease", "1")
     await wait_for(lambda: conn.fetchval("SELECT count(*) = 1 FROM events WHERE job_id = $1",
                                          job_id), timeout=30, message="the handler started")
     blocked_id = await conn.fetchval("SELECT worker_id FROM jobs WHERE id = $1", job_id)
-    # Its own timeout cannot fire while the loop is blocked; another worker's lease can.
-    fencer = spawn_worker("--shared", "--lease", "1")
     await wait_for(lambda: conn.fetchval("SELECT status = 'failed' FROM jobs WHERE id = $1",
                                          job_id), timeout=30, message="the job failed")
     row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)

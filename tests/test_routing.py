@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import HandlerRegistry, enqueue, enqueue_many, queues
-from jobqueue.testing import drain
+from jobqueue.testing import drain, wait_for
 from jobqueue.worker.config import WorkerConfig, parse_queues
 
 
@@ -192,6 +192,8 @@ async def test_a_concurrency_limit_is_claimed_through_admission(
     async def slow(session: Any, payload: dict[str, Any]) -> None:
         running.append(1)
         peak[0] = max(peak[0], len(running))
+        if peak[0] < 2:  # the first waits for a second to start (the limit lets one in)
+            await wait_for(lambda: peak[0] >= 2, timeout=10, message="a second job running")
         await asyncio.sleep(0.02)
         running.pop()
 
