@@ -151,6 +151,8 @@ class Config:
     window: the timeline's step; warmup: seconds of arrivals left out at the
     start; reader_pause: seconds a reader waits between its scans; settle:
     seconds the last jobs may take to complete after the last phase;
+    max_behind: how many seconds of arrivals may wait to be sent before the
+    producer drops the next ones (`_Sender`);
     sustained: each system's sustained rate given instead of measured (the
     smoke size, whose drains would measure process start-up); drain_n: the
     drain that measures it otherwise (a setup's own `n` wins)."""
@@ -166,6 +168,7 @@ class Config:
     warmup: float = peers.WARMUP
     reader_pause: float = 0.5
     settle: float = 300.0
+    max_behind: float = 1.0
     connections: int = 8
     top_waits: int = 3
 
@@ -375,45 +378,85 @@ async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
             sampler = asyncio.create_task(_sampler(url, tables, config.interval, ticks))
             probe_conn = await db.connect(url, application_name=PROBE)
             try:
-                bounds, probes, lateness = await _phases(
-                    running, pressure, config, rates, probe_conn if probe else None, probe,
-                    steps)
+                sent = await _phases(running, pressure, config, rates,
+                                     probe_conn if probe else None, probe, steps)
             finally:
                 sampler.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
                 await probe_conn.close()
-        total = sum(len(x) for x in lateness)
+        total = sum(len(x) for x in sent.lateness) - sum(sent.dropped)
         await running.wait_completed(total, timeout=config.settle)
         times = await running.times()
         args = running.args
     tags = {"system": system, "argv": shlex.join(args), "settings": peers.label(system, args)}
-    return {"rows": [{**tags, **row} for row in phase_rows(
-                config, rates, rate, bounds, times, ticks, probes, lateness)],
-            "timeline": [{**tags, **row} for row in timeline_rows(config, bounds, times, ticks)],
-            "waits": [{**tags, **row} for row in wait_rows(config.phases, bounds, ticks)]}
+    return {"rows": [{**tags, **row} for row in phase_rows(config, rates, rate, sent, times,
+                                                          ticks)],
+            "timeline": [{**tags, **row}
+                         for row in timeline_rows(config, sent.bounds, times, ticks)],
+            "waits": [{**tags, **row} for row in wait_rows(config.phases, sent.bounds, ticks)]}
+
+
+class _Sender:
+    """The producer's `enqueue_one` for a schedule of phases, which drops an
+    arrival instead of sending it while more than `max_behind` seconds of the
+    phase's arrivals are still waiting to be sent: a producer that cannot keep
+    up would otherwise send them late, into the phases after, and the run
+    would outlast its phases. Arrivals come in schedule order, so the n-th
+    call is the n-th arrival."""
+
+    def __init__(self, enqueue_one: Callable[[], Awaitable[Any]], counts: Sequence[int],
+                 rates: Sequence[float], max_behind: float) -> None:
+        self.enqueue_one = enqueue_one
+        self.phase_of = [i for i, n in enumerate(counts) for _ in range(n)]
+        self.limits = [max(1, math.ceil(r * max_behind)) for r in rates]
+        self.dropped = [0] * len(counts)
+        self.calls = self.pending = 0
+
+    async def __call__(self) -> None:
+        phase = self.phase_of[self.calls]
+        self.calls += 1
+        if self.pending >= self.limits[phase]:
+            self.dropped[phase] += 1
+            return
+        self.pending += 1
+        try:
+            await self.enqueue_one()
+        finally:
+            self.pending -= 1
+
+
+@dataclass
+class _Sent:
+    """What `_phases` did: each phase's start on the database's clock (and
+    the end), what the probe read at each phase's end, how late each phase's
+    arrivals were sent and how many were dropped."""
+
+    bounds: list[float]
+    probes: list[dict[str, Any]]
+    lateness: list[list[float]]
+    dropped: list[int]
 
 
 async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config,
                   rates: Sequence[float], probe_conn: asyncpg.Connection | None,
                   probe: Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]] | None,
-                  steps: Any) -> tuple[list[float], list[dict[str, Any]], list[list[float]]]:
+                  steps: Any) -> _Sent:
     """The phases on the loop's clock, the producer running through all of
-    them without a pause: each phase's start on the database's clock (and the
-    end), what the probe read at each phase's end, and how late each phase's
-    arrivals were sent."""
+    them without a pause (`_Sender`)."""
     loop = asyncio.get_running_loop()
     offsets = [0.0]
     for phase in config.phases:
         offsets.append(offsets[-1] + phase.seconds)
     counts = [max(1, round(r * p.seconds)) for r, p in zip(rates, config.phases, strict=True)]
     schedule = [offsets[i] + k / rates[i] for i, n in enumerate(counts) for k in range(n)]
+    sender = _Sender(running.enqueue_one, counts, rates, config.max_behind)
     clock = running.conn
     bounds, probes = [], []
     await pressure.apply(config.phases[0])
     bounds.append(await _now(clock))
     start = loop.time()
-    producer = asyncio.create_task(scenarios.arrivals_at(running.enqueue_one, schedule, start))
+    producer = asyncio.create_task(scenarios.arrivals_at(sender, schedule, start))
     try:
         for i in range(1, len(config.phases) + 1):
             await asyncio.wait([producer], timeout=max(0.0, start + offsets[i] - loop.time()))
@@ -434,7 +477,8 @@ async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config
         if not producer.done():
             producer.cancel()
     cut = [sum(counts[:i]) for i in range(len(counts) + 1)]
-    return bounds, probes, [lateness[cut[i]:cut[i + 1]] for i in range(len(counts))]
+    return _Sent(bounds, probes, [lateness[cut[i]:cut[i + 1]] for i in range(len(counts))],
+                 sender.dropped)
 
 
 # -- figures ------------------------------------------------------------------------
@@ -479,14 +523,15 @@ def _holder(tick: dict[str, Any] | None) -> dict[str, Any]:
             "horizon_xid_age": math.nan if h is None else h.xid_age}
 
 
-def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float,
-               bounds: Sequence[float], times: Sequence[tuple[float, float, float]],
-               ticks: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]],
-               lateness: Sequence[Sequence[float]]) -> list[dict[str, Any]]:
-    """One row per phase: its arrivals and the rate they came at, the
-    completions recorded in it per second, the latencies of the jobs
-    enqueued in it (warm-up left out), the tables at its last sample, the
-    horizon's holder then, the readers seen, the top wait events."""
+def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float, sent: _Sent,
+               times: Sequence[tuple[float, float, float]],
+               ticks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per phase: its arrivals and the rate they came at (and the
+    arrivals the producer dropped), the completions recorded in it per
+    second, the latencies of the jobs enqueued in it (warm-up left out), the
+    tables at its last sample, the horizon's holder then, the readers seen,
+    the top wait events, what the probe read at its end."""
+    bounds, lateness = sent.bounds, sent.lateness
     first = bounds[0]
     rows = []
     for i, phase in enumerate(config.phases):
@@ -508,7 +553,7 @@ def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float,
             "readers": phase.readers, "load": phase.load, "pinned": phase.pinned,
             "sustained": sustained_rate, "rate": rates[i],
             "capped": phase.load is not None and rates[i] < phase.load * sustained_rate,
-            "arrivals": len(arrived), "jobs": len(counted),
+            "arrivals": len(arrived), "dropped": sent.dropped[i], "jobs": len(counted),
             "achieved_rate": achieved,
             "rate_met": bool(achieved >= MET_SHARE * rates[i]),
             "completed_per_s": done / (hi - lo) if hi > lo else math.nan,
@@ -520,7 +565,7 @@ def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float,
             "readers_seen": max((k["readers"] for k in mine), default=0),
             "samples": len(mine),
             "top_waits": ", ".join(f"{w} {n}" for w, n in waits.most_common(config.top_waits)),
-            **probes[i],
+            **sent.probes[i],
         })
     return rows
 

@@ -261,11 +261,18 @@ def findings(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
     unmet = df[~df["rate_met"].astype(bool)] if "rate_met" in df else df.iloc[0:0]
     if len(unmet):
         lines.append(
-            "The producer did not send every job on time in "
+            "The producer did not reach the rate asked in "
             + "; ".join(f"{SYSTEM_NAMES[r['system']]}'s {r['phase']} ({r['achieved_rate']:,.0f} "
-                        f"of {r['rate']:,.0f} jobs/s)" for _, r in unmet.iterrows())
-            + ": those phases measure the rate that arrived, and the jobs it sent late "
-            "arrived in the phases after (each job counts where it was enqueued).")
+                        f"of {r['rate']:,.0f} jobs/s, {_count(r.get('dropped', 0))} arrivals "
+                        "dropped)" for _, r in unmet.iterrows())
+            + ": those phases measure the rate that arrived (an arrival that would have "
+            "waited more than a second to be sent is dropped, so that every phase lasts "
+            "what it says)."
+            + (" The top wait event there, `Lock:object`, is the lock that orders the commits "
+               "of transactions that sent a NOTIFY, which every enqueue of all three systems "
+               "does (a trigger wakes the workers): the producer's commits take turns, each "
+               "waiting for the one before to be flushed."
+               if unmet["top_waits"].fillna("").str.startswith("Lock:object").any() else ""))
     lines += take_findings(df)
     return lines
 
