@@ -19,6 +19,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -94,20 +95,25 @@ class Snapshot:
     width: float
     horizon: dict[str, Any] | None = None  # what holds back vacuum (`horizon.Holder`)
 
-    @property
+    # Worked out once per reading, however many viewers render it.
+    @cached_property
     def counts(self) -> dict[str, int]:
         return self.routes.counts()
 
+    @cached_property
     def queues(self) -> list[dict[str, Any]]:
         return self.routes.queues()
 
+    @cached_property
     def unserved(self) -> list[dict[str, Any]]:
         return self.routes.unserved()
 
+    @cached_property
     def workers(self) -> list[dict[str, Any]]:
         live = {w["id"] for w in routing.live_workers(self.routes.workers)}
         return [{**w, "live": w["id"] in live} for w in self.routes.workers]
 
+    @cached_property
     def throughput(self) -> float:
         """Finished jobs per second over the last minute of full buckets."""
         recent = self.series[-max(1, round(60 / self.width)):]
