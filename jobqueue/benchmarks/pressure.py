@@ -577,7 +577,7 @@ def timeline_rows(config: Config, bounds: Sequence[float],
     phase it began in, the latencies of the jobs enqueued in it, the
     completions per second, and the last sample's tables and horizon."""
     first, end, step = bounds[0], bounds[-1], config.window
-    count = max(1, math.ceil((end - first) / step))
+    count = max(1, round((end - first) / step))  # no sliver of a window at the end
 
     def bucket(at: float) -> int:
         return math.floor((at - first) / step)

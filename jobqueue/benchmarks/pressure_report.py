@@ -6,11 +6,13 @@ the results files (`pressure.csv`, `pressure_timeline.csv`, `pressure_waits.csv`
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from jobqueue.benchmarks import load
 from jobqueue.benchmarks.plots import SYSTEM_COLORS, SYSTEM_NAMES, short_settings
 
 #: The issue's goal: with the horizon pinned for GOAL_PINNED_S at GOAL_RATE
@@ -346,4 +348,26 @@ def goal_lines(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
                  + ("no window carries a p99 to tell by." if back is None else
                     "not back by the end of the run: not met." if math.isinf(back) else
                     f"{back:,.0f} s: {'met' if back <= GOAL_RECOVERY_S else 'not met'}."))
+    return lines
+
+
+def limits(results: Path) -> list[str]:
+    """What the pressure run could not do, for BENCHMARKS.md's limits (none
+    without its results)."""
+    if not (results / "pressure.csv").exists():
+        return []
+    df, _ = load("pressure", results)
+    lines = []
+    capped = df[df["capped"].astype(bool)]
+    if len(capped):
+        lines.append(
+            "- The pressure run's load phase is capped at what one producer process sends "
+            f"({capped['rate'].max():,.0f} jobs/s): for "
+            + " and ".join(dict.fromkeys(SYSTEM_NAMES[x] for x in capped["system"]))
+            + " that is less than 1.5× what their worker drains.")
+    held = df[df["pinned"].astype(bool)].groupby("system")["seconds"].sum()
+    if len(held) and held.max() < GOAL_PINNED_S:
+        lines.append(f"- The pressure run pins the horizon for {held.max():,.0f} s, not the "
+                     f"{GOAL_PINNED_S / 60:g} minutes of the issue's goal (a full run of three "
+                     "systems that long would take over half an hour).")
     return lines

@@ -937,6 +937,7 @@ def _limits(results: Path) -> str:
         commit_line,
         "- The producer of the latency runs is one Python process; at the highest rates its "
         "own lag is reported in the results file (`producer_late_p99_ms`).",
+        *pressure_report.limits(results),
     ])
 
 

@@ -43,7 +43,8 @@ async def _watch(conn: asyncpg.Connection) -> dict[str, Any]:
     seen["holder_session"] = await conn.fetchrow(
         "SELECT state, backend_xid IS NOT NULL AS has_xid FROM pg_stat_activity"
         " WHERE application_name = $1", pressure.HOLDER)
-    seen["dead_held"] = await _dead_after_vacuum(conn)
+    seen["dead_held"] = await wait_for(lambda: _dead_after_vacuum(conn), timeout=30,
+                                       interval=0.2, message="a job finished since the hold")
 
     async def readers() -> list[asyncpg.Record] | None:
         rows = await conn.fetch(
@@ -52,8 +53,13 @@ async def _watch(conn: asyncpg.Connection) -> dict[str, Any]:
         return rows if len(rows) == 2 else None
 
     seen["readers"] = await wait_for(readers, timeout=30, message="two RR readers")
-    await asyncio.sleep(0.5)  # more jobs finish meanwhile
-    seen["dead_later"] = await _dead_after_vacuum(conn)
+
+    async def more() -> int:
+        dead = await _dead_after_vacuum(conn)
+        return dead if dead > seen["dead_held"] else 0
+
+    seen["dead_later"] = await wait_for(more, timeout=30, interval=0.2,
+                                        message="VACUUM leaving more dead versions")
     return seen
 
 
@@ -109,3 +115,20 @@ def test_phases_are_data_checked_and_rates_follow_them() -> None:
     config = pressure.Config(phases=(base, load), rate=500, max_rate=1000, base_share=0.7)
     assert [config.rate_of(p, 30_000) for p in (base, load)] == [500, 1000]  # capped
     assert [config.rate_of(p, 200) for p in (base, load)] == [140, 300]  # a slow system
+
+
+async def test_a_producer_that_falls_behind_drops_arrivals_rather_than_sending_them_late() -> None:
+    release = asyncio.Event()
+    sent = []
+
+    async def enqueue_one() -> None:
+        sent.append(1)
+        await release.wait()  # the server is slow: nothing comes back yet
+
+    sender = pressure._Sender(enqueue_one, counts=[3, 2], rates=[2, 1], max_behind=1.0)
+    calls = [asyncio.create_task(sender()) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert len(sent) == 2 and sender.dropped == [1, 2]  # a second's worth waits: 2, then 1
+    release.set()
+    await asyncio.gather(*calls)
+    assert sender.pending == 0
