@@ -5,12 +5,13 @@ each test gets `CREATE DATABASE … TEMPLATE` (a file copy, tens of
 milliseconds), so tests are isolated completely and can run workers against
 their own database.
 
-`make test` runs them in parallel processes (pytest-xdist, `-n 2`), all on
-the one server: the controlling process starts it before the workers exist
-and stops it at the end if it started it; each worker process has a template
-of its own. A test marked `serial` (it restarts the server, or it reads
-something of the whole cluster) runs with no other test running beside it:
-see `pytest_runtest_protocol`.
+`make test` runs them in parallel processes (pytest-xdist, `-n 2 --dist
+loadfile`), all on the one server: the controlling process starts it before
+the workers exist and stops it at the end if it started it; each worker
+process has a template of its own. A test that looks at pg_stat_activity or
+pg_locks looks at its own database only. A test marked `serial` (it restarts
+the server, or what it checks follows the machine's pace) runs with no other
+test running beside it: see `pytest_runtest_protocol`.
 """
 
 from __future__ import annotations
