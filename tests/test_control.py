@@ -167,7 +167,9 @@ async def test_a_job_being_finished_is_read_once_its_transaction_ends(
     try:
         tx = batch.transaction()
         await tx.start()
-        taken = await queries["take"].fetch(batch, queue="default", job_types=["t"], limit=10)
+        taken = await queries["take"].fetch(batch, queue="default", job_types=["t"], limit=10,
+                                              priorities=[0], floors=[None],
+                                              floor_ids=[None])
         assert [r["id"] for r in taken] == [job_id]
         await queries["complete"].fetch(batch, ids=[job_id], results=["7"], worker_id=1,
                                         taken=True)
@@ -258,13 +260,15 @@ async def test_cancel_asks_the_worker_when_one_has_the_job(
     cancel does not wait for the batch's lock."""
     claimed, locked = await new_job(engine), await new_job(engine, queue="quick")
     await queries["claim"].fetch(conn, limit=1, worker_id=42, queue="default",
-                                 job_types=["t"])
+                                 job_types=["t"], priorities=[0], floors=[None],
+                                              floor_ids=[None])
     asked = await heard(conn, CHANNEL)
     batch = await asyncpg.connect(**jobqueue.db.asyncpg_connect_args(db_url))
     try:
         async with batch.transaction():
             taken = await queries["take"].fetch(batch, queue="quick", job_types=["t"],
-                                                limit=10)
+                                                limit=10, priorities=[0], floors=[None],
+                                              floor_ids=[None])
             assert [r["id"] for r in taken] == [locked]
             for job_id, was in ((claimed, "processing"), (locked, "pending")):
                 async with engine.begin() as c:

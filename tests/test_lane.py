@@ -14,6 +14,7 @@ from jobqueue.worker import WorkerConfig
 from jobqueue.worker.alone import AloneGate
 from jobqueue.worker.batch import CLAIMED, TAKEN
 from jobqueue.worker.book import QueueBook
+from jobqueue.worker.floors import Floors
 from jobqueue.worker.handler import SAVEPOINT_LIMIT
 from jobqueue.worker.lane import Lane, Life, Plan
 from jobqueue.worker.stats import WorkerStats
@@ -28,7 +29,7 @@ def lane(per_job: float | None = None, savepoints_per_job: float = 0.0, **settin
                 isolated_types=set(), wake=asyncio.Event(), stop=asyncio.Event(),
                 abandon=asyncio.Event(), hand_back=hand_back, cancel_statement=hand_back,
                 record_batch=hand_back, alone=AloneGate(),
-                book=QueueBook(1.0), job_types=[])
+                book=QueueBook(1.0), floors=Floors(), job_types=[])
     made = Lane(WorkerConfig(**settings), life, engine=None, number=0)  # type: ignore[arg-type]
     made.per_job, made.savepoints_per_job = per_job, savepoints_per_job
     return made

@@ -219,20 +219,27 @@ def batch_steps(conn: asyncpg.Connection, batch: int
         await conn.execute("VACUUM ANALYZE jobs")
 
     async def claim_then_complete(n: int) -> None:
+        floor = (None, None)
         while rows := await queries["claim"].fetch(conn, limit=batch, worker_id=1,
-                                                      queue="default", job_types=["noop"]):
+                                                      queue="default", job_types=["noop"],
+                                                      priorities=[0], floors=[floor[0]],
+                                                      floor_ids=[floor[1]]):
+            floor = rows[-1]["floor"], rows[-1]["floor_id"]
             async with conn.transaction():
                 await queries["complete"].fetch(conn, ids=[r["id"] for r in rows],
                                                 results=[None] * len(rows), worker_id=1,
                                                 taken=False)
 
     async def take_and_complete(n: int) -> None:
+        floor = (None, None)
         while True:
             async with conn.transaction():
                 rows = await queries["take"].fetch(conn, limit=batch, queue="default",
-                                                     job_types=["noop"])
+                                                     job_types=["noop"], priorities=[0],
+                                                     floors=[floor[0]], floor_ids=[floor[1]])
                 if not rows:
                     return
+                floor = rows[-1]["floor"], rows[-1]["floor_id"]
                 await queries["complete"].fetch(conn, ids=[r["id"] for r in rows],
                                                 results=[None] * len(rows), worker_id=1,
                                                 taken=True)

@@ -273,7 +273,10 @@ async def _sample(conn: asyncpg.Connection, tables: Sequence[str]) -> dict[str, 
     rows = await conn.fetch(_TABLES, list(tables))
     holder = await horizon.oldest(conn)
     waits = {r["wait"]: int(r["n"]) for r in await conn.fetch(_WAITS)}
+    # A sample takes a few statements; one that a phase's start falls within
+    # saw some of each phase, and belongs to neither (`phase_rows`).
     return {"at": float(rows[0]["at"]) if rows else await _now(conn),
+            "until": await _now(conn),
             "tables": {r["name"]: (int(r["dead"]), int(r["live"]), int(r["total_bytes"]),
                                    int(r["index_bytes"])) for r in rows},
             "horizon": holder, "waits": waits,
@@ -308,26 +311,42 @@ async def _explain(conn: asyncpg.Connection, sql: str, *args: Any) -> tuple[floa
             int(top["Actual Rows"]))
 
 
-#: The batch ledger's row of one lane, found by its key as the upsert that
-#: overwrites it every batch (`record_batch`) finds it.
-_LEDGER = "SELECT xid FROM jobqueue_batches WHERE worker_id = $1 AND lane = $2"
+#: A lane's row in the batch ledger, which its next batch replaces (`record_batch`).
+_LEDGER_ROW = "SELECT ctid, worker_id, lane, xid FROM jobqueue_batches LIMIT 1"
+
+
+#: Where a lane's floor would be now: the first waiting job (read from the
+#: front, so it steps over every dead entry itself; the probe's, untimed;
+#: none waiting: NULL, from the front, which is then where the floor is too).
+_FLOOR = ("SELECT run_at, id FROM jobs WHERE queue = 'default' AND priority = 0 "
+          "AND status IN ('pending', 'retrying') ORDER BY run_at, id LIMIT 1")
 
 
 async def explain_take(conn: asyncpg.Connection, limit: int = DEFAULT_BATCH_SIZE
                        ) -> dict[str, Any]:
-    """What one claim costs now: jobqueue's `take`, as a lane of a worker at
-    its defaults sends it (`_explain`: ms, buffers, rows locked); and the
-    lookup of a lane's row in the batch ledger, which every quick batch
-    overwrites (`ledger_*`; NaN before the first batch)."""
+    """What one claim costs now: jobqueue's `take` as a lane of a worker at
+    its defaults sends it, from its floor (`_explain`: ms, buffers, rows
+    locked), and the same from the front of the index (`front_*`: what a
+    worker's first claim of a life reads, and every claim before floors);
+    and what a lane's write to the batch ledger costs (`ledger_*`,
+    `record_batch`; NaN before the first batch)."""
     take = queries["take"]
+    values = {"queue": "default", "job_types": ["noop"], "limit": limit, "priorities": [0]}
+    floor = await conn.fetchrow(_FLOOR) or {"run_at": None, "id": None}
     ms, buffers, rows = await _explain(conn, take.positional, *take.args(
-        {"queue": "default", "job_types": ["noop"], "limit": limit}))
+        {**values, "floors": [floor["run_at"]], "floor_ids": [floor["id"]]}))
+    front_ms, front_buffers, _ = await _explain(conn, take.positional, *take.args(
+        {**values, "floors": [None], "floor_ids": [None]}))
     out: dict[str, Any] = {"take_ms": ms, "take_buffers": buffers, "take_rows": rows,
+                           "front_ms": front_ms, "front_buffers": front_buffers,
                            "ledger_ms": math.nan, "ledger_buffers": math.nan}
-    key = await conn.fetchrow("SELECT worker_id, lane FROM jobqueue_batches LIMIT 1")
-    if key is not None:
+    row = await conn.fetchrow(_LEDGER_ROW)
+    if row is not None:  # the lane's next `record_batch`, rolled back
+        record = queries["record_batch"]
         out["ledger_ms"], out["ledger_buffers"], _ = await _explain(
-            conn, _LEDGER, key["worker_id"], key["lane"])
+            conn, record.positional, *record.args({
+                "previous": row["ctid"], "worker_id": row["worker_id"], "lane": row["lane"],
+                "xid": -row["xid"], "ids": []}))
     return out
 
 
@@ -436,6 +455,10 @@ class _Sent:
     probes: list[dict[str, Any]]
     lateness: list[list[float]]
     dropped: list[int]
+    #: When the change to each phase after the first began (its start, in
+    #: `bounds`, is when the change was done): samples that overlap a change
+    #: count for no phase.
+    changes: list[float] = field(default_factory=list)
 
 
 async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config,
@@ -452,7 +475,9 @@ async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config
     schedule = [offsets[i] + k / rates[i] for i, n in enumerate(counts) for k in range(n)]
     sender = _Sender(running.enqueue_one, counts, rates, config.max_behind)
     clock = running.conn
-    bounds, probes = [], []
+    bounds: list[float] = []
+    probes: list[dict[str, Any]] = []
+    changes: list[float] = []
     await pressure.apply(config.phases[0])
     bounds.append(await _now(clock))
     start = loop.time()
@@ -467,6 +492,7 @@ async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config
                                    f"{running.worker.log()[-2000:]}")
             probes.append(await probe(probe_conn) if probe and probe_conn else {})
             if i < len(config.phases):
+                changes.append(await _now(clock))
                 await pressure.apply(config.phases[i])
             bounds.append(await _now(clock))
             if steps is not None:
@@ -478,7 +504,7 @@ async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config
             producer.cancel()
     cut = [sum(counts[:i]) for i in range(len(counts) + 1)]
     return _Sent(bounds, probes, [lateness[cut[i]:cut[i + 1]] for i in range(len(counts))],
-                 sender.dropped)
+                 sender.dropped, changes)
 
 
 # -- figures ------------------------------------------------------------------------
@@ -536,11 +562,11 @@ def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float, se
     rows = []
     for i, phase in enumerate(config.phases):
         lo, hi = bounds[i], bounds[i + 1]
-        last = i == len(config.phases) - 1
         arrived = [t for t in times if _phase_of(t[0], bounds) == i]
         counted = [t for t in arrived if t[0] >= first + config.warmup]
         done = sum(lo <= t[2] < hi for t in times)
-        mine = [k for k in ticks if lo <= k["at"] < hi or (last and k["at"] >= hi)]
+        end = sent.changes[i] if i < len(sent.changes) else math.inf
+        mine = [k for k in ticks if lo <= k["at"] and k.get("until", k["at"]) < end]
         waits: Counter[str] = Counter()
         for k in mine:
             waits.update(k["waits"])

@@ -63,16 +63,25 @@ def _held(row: pd.Series) -> str:
 
 
 def probe_table(df: pd.DataFrame) -> pd.DataFrame:
-    """jobqueue's claim at each phase's end: EXPLAIN (ANALYZE, BUFFERS) of `take`."""
+    """jobqueue's claim at each phase's end: EXPLAIN (ANALYZE, BUFFERS) of `take`
+    from a lane's floor (what the worker sends) and from the front (a life's
+    first claim), and of a lane's write to the batch ledger."""
     d = df[df["system"] == "jobqueue"].sort_values("order")
     if d.empty or "take_buffers" not in d:
         return pd.DataFrame()
+
+    def column(name: str) -> pd.Series:
+        return d.get(name, pd.Series(math.nan, index=d.index))
+
+    def ms(values: pd.Series) -> pd.Series:
+        return values.map(lambda v: "–" if pd.isna(v) else f"{v:,.2f}")
+
     return pd.DataFrame({"phase": d["phase"], "dead tuples": d["dead_tuples"].map(_count),
-                         "take: buffers read": d["take_buffers"].map(_count),
-                         "take: ms": d["take_ms"].map(lambda v: "–" if pd.isna(v)
-                                                      else f"{v:,.2f}"),
-                         "ledger lookup: buffers": d.get("ledger_buffers", pd.Series(
-                             math.nan, index=d.index)).map(_count),
+                         "take from the floor: buffers": d["take_buffers"].map(_count),
+                         "ms": ms(d["take_ms"]),
+                         "take from the front: buffers": column("front_buffers").map(_count),
+                         "ms ": ms(column("front_ms")),
+                         "ledger write: buffers": column("ledger_buffers").map(_count),
                          "job p50 (ms)": d["complete_p50_ms"].map(_ms)})
 
 
@@ -295,18 +304,24 @@ def take_findings(df: pd.DataFrame) -> list[str]:
     grew = end["take_buffers"] >= 2 * max(base["take_buffers"], 1)
     why = (": its index scan steps over the entries of the jobs finished since the pin, each "
            "pointing at a version that is dead but not yet dead to everyone" if grew else "")
+    front = ("" if pd.isna(end.get("front_buffers")) else
+             f" The same claim from the front of the index, as a worker's first claim of a "
+             f"life reads it, read {_count(end['front_buffers'])} buffers in "
+             f"{end['front_ms']:,.2f} ms at the end of {end['phase']}"
+             + ("." if not end["take_buffers"] else
+                f", {end['front_buffers'] / end['take_buffers']:,.0f} times the floor's "
+                "buffers."))
     ledger = ("" if pd.isna(end.get("ledger_buffers")) or pd.isna(base.get("ledger_buffers"))
-              else f" Looking up a lane's row in the batch ledger (`jobqueue_batches`, "
-              f"overwritten by every quick batch) read {_count(base['ledger_buffers'])} buffers "
-              f"at the end of {base['phase']} and {_count(end['ledger_buffers'])} at the end of "
-              f"{end['phase']} ({end['ledger_ms']:,.2f} ms)" + (
-                  ": the versions each batch left of that row are all still there."
-                  if end["ledger_buffers"] >= 2 * max(base["ledger_buffers"], 1) else "."))
-    return [f"jobqueue's claim (`take`, run under EXPLAIN (ANALYZE, BUFFERS) at each phase's "
-            f"end) read {_count(base['take_buffers'])} buffers in {base['take_ms']:,.2f} ms at "
-            f"the end of {base['phase']} and {_count(end['take_buffers'])} buffers in "
-            f"{end['take_ms']:,.2f} ms at the end of {end['phase']}"
-            f"{_times(base['take_buffers'], end['take_buffers'])}{why}{share}.{ledger}"]
+              else f" A lane's write to the batch ledger (`record_batch`) read "
+              f"{_count(base['ledger_buffers'])} buffers at the end of {base['phase']} and "
+              f"{_count(end['ledger_buffers'])} at the end of {end['phase']} "
+              f"({end['ledger_ms']:,.2f} ms).")
+    return [f"jobqueue's claim (`take` from a lane's floor, run under EXPLAIN (ANALYZE, "
+            f"BUFFERS) at each phase's end) read {_count(base['take_buffers'])} buffers in "
+            f"{base['take_ms']:,.2f} ms at the end of {base['phase']} and "
+            f"{_count(end['take_buffers'])} buffers in {end['take_ms']:,.2f} ms at the end of "
+            f"{end['phase']}{_times(base['take_buffers'], end['take_buffers'])}{why}{share}."
+            f"{front}{ledger}"]
 
 
 def goal_lines(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:

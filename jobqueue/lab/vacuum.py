@@ -11,8 +11,9 @@ every one of them.
   queue's own statements (`take`, then `complete`, one transaction a batch);
 - `claim_cost` measures one claim with `EXPLAIN (ANALYZE, BUFFERS)`, rolled back;
 - `vacuum` runs `VACUUM (VERBOSE)` and reads back what it says it did;
-- `FLOORED_TAKE` is the claim started at a floor instead of the front: the idea
-  issue 17 is adopting, not (yet) what `jobqueue worker` sends.
+- the same `take` from the front (no floor: what a worker's first claim in a
+  queue reads) and from the floor the previous claim returned (what every
+  claim after it reads, `jobqueue/worker/floors.py`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import asyncpg
 
-from jobqueue.schema.queries import Query, queries
+from jobqueue.schema.queries import queries
+from jobqueue.worker.floors import NIL
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,31 +39,12 @@ if TYPE_CHECKING:
 JOB_TYPE = "noop"
 QUEUE = "default"
 
-#: The claim a quick batch sends (queries.sql), from the front of idx_jobs_pickable.
+#: A floor as a lane keeps it: (run_at, id; NIL for the time alone).
+Floor = tuple[datetime, uuid.UUID]
+
+#: The claim a quick batch sends (queries.sql): one arm per priority, each
+#: read from a floor (NULL: from the front of idx_jobs_pickable).
 TAKE = queries["take"]
-
-#: Where `take` says what it returns, and where its index range begins.
-_FLOOR = (("timeout\nFROM jobs", "timeout,\n       run_at\nFROM jobs"),
-          ("WHERE queue = :queue AND status",
-           "WHERE queue = :queue AND priority = :priority\n"
-           "  AND run_at >= coalesce(CAST(:floor AS timestamptz), '-infinity')\n  AND status"))
-
-
-def _from_a_floor(take: Query) -> Query:
-    """`take`, its index range started at a floor instead of the front: one
-    priority, and only jobs due at or after :floor (NULL: no floor yet, from
-    the front). It returns run_at too, for the worker to move its floor.
-    Derived from `take` itself, so it cannot drift from what the worker sends."""
-    sql = take.sql
-    for anchor, floored in _FLOOR:
-        if sql.count(anchor) != 1:
-            raise RuntimeError(f"take no longer has {anchor!r}: update jobqueue.lab.vacuum._FLOOR")
-        sql = sql.replace(anchor, floored)
-    return Query.from_sql("take_floored", sql)
-
-
-#: `take` from a floor: the run_at of the last job this worker took.
-FLOORED_TAKE = _from_a_floor(TAKE)
 
 
 @dataclass
@@ -76,8 +60,9 @@ class Flow:
     batch: int = 1000
     added: int = 0
     completed: int = 0
-    #: The run_at of the last job a floored batch took (None: none yet).
-    floor: datetime | None = None
+    #: Where the next floored batch starts, as the last one said: (run_at, id)
+    #: (None: the front).
+    floor: Floor | None = None
 
     @classmethod
     async def open(cls, conn: asyncpg.Connection, *, batch: int = 1000) -> Flow:
@@ -86,35 +71,39 @@ class Flow:
         return cls(conn, await conn.fetchval("SELECT now() - interval '1 hour'"), batch=batch)
 
     async def add(self, n: int) -> None:
-        """n due jobs, in one plain INSERT (every other column has a default)."""
+        """n due jobs, in one plain INSERT (every other column has a default).
+        They are due before a floor at the time of the last claim: the flow
+        lowers its floor to the first of them, as a worker does when the
+        insert announces them (section 5)."""
         if n <= 0:
             return
-        await self.conn.execute(
-            "INSERT INTO jobs (job_type, run_at) "
+        first = await self.conn.fetchval(
+            "WITH new AS (INSERT INTO jobs (job_type, run_at) "
             "SELECT $1, CAST($2 AS timestamptz) + k * interval '1 ms' "
-            "FROM generate_series(CAST($3 AS int), CAST($4 AS int)) AS k",
+            "FROM generate_series(CAST($3 AS int), CAST($4 AS int)) AS k RETURNING run_at) "
+            "SELECT min(run_at) FROM new",
             JOB_TYPE, self.start, self.added, self.added + n - 1)
+        if self.floor is not None and self.floor > (first, NIL):
+            self.floor = (first, NIL)
         self.added += n
 
     async def run(self, *, floored: bool = False) -> int:
         """Take and complete every waiting job, one batch transaction at a
-        time (`take` or `FLOORED_TAKE`, then `complete`; a real batch also
-        records itself and runs the handlers in between); how many."""
+        time (`take`, then `complete`; a real batch also records itself and
+        runs the handlers in between); how many. `floored`: each take from
+        the floor the one before returned, as a lane does; else from the front."""
         done = 0
         while True:
             async with self.conn.transaction():
-                if floored:
-                    rows = await FLOORED_TAKE.fetch(self.conn, **self._claim(), priority=0,
-                                                    floor=self.floor)
-                else:
-                    rows = await TAKE.fetch(self.conn, **self._claim())
+                rows = await TAKE.fetch(self.conn, **self._claim(
+                    self.floor if floored else None))
                 if not rows:
                     break
                 ids = [row["id"] for row in rows]
                 await queries["complete"].fetch(self.conn, ids=ids, results=["null"] * len(ids),
                                                 worker_id=None, taken=True)
             if floored:
-                self.floor = max(row["run_at"] for row in rows)
+                self.floor = (rows[-1]["floor"], rows[-1]["floor_id"] or NIL)
             done += len(ids)
             self.completed += len(ids)
         return done
@@ -127,8 +116,17 @@ class Flow:
         await self.run(floored=floored)
         await self.conn.execute("SELECT pg_stat_force_next_flush()")
 
-    def _claim(self) -> dict[str, Any]:
-        return {"queue": QUEUE, "job_types": [JOB_TYPE], "limit": self.batch}
+    def _claim(self, floor: Floor | None) -> dict[str, Any]:
+        return claim_values(floor, self.batch)
+
+
+def claim_values(floor: Floor | None, limit: int
+                 ) -> dict[str, Any]:
+    """`take`'s parameters for the lesson's one queue and priority, from
+    `floor` (None: from the front)."""
+    at, job_id = floor or (None, None)
+    return {"queue": QUEUE, "job_types": [JOB_TYPE], "limit": limit, "priorities": [0],
+            "floors": [at], "floor_ids": [job_id]}
 
 
 async def dead_tuples(conn: asyncpg.Connection, table: str = "jobs") -> int:
@@ -150,37 +148,43 @@ class Cost(NamedTuple):
     plan: str  # the plan's path down, with the index it read
 
 
-async def claim_cost(conn: asyncpg.Connection, *, floor: datetime | None = None,
+async def claim_cost(conn: asyncpg.Connection, *, floor: Floor | None = None,
                      floored: bool = False, limit: int = 1000) -> Cost:
     """One claim under EXPLAIN (ANALYZE, BUFFERS), in a transaction rolled
-    back afterwards: its jobs stay waiting. `floored`: `FLOORED_TAKE` from
-    `floor`; else `take`, from the front."""
+    back afterwards: its jobs stay waiting. `floored`: `take` from `floor`;
+    else from the front."""
     plan = json.loads(await explain(conn, floor=floor, floored=floored, limit=limit,
                                     json_format=True))[0]
-    node, path = plan["Plan"], []
-    while True:  # down the outer children (InitPlans left out) to the scan
+    top = plan["Plan"]
+    node = next(c for c in top.get("Plans", []) if c.get("Subplan Name") == "CTE taken")
+    path = ["CTE taken"]
+    while True:  # down to the scan of the claim index, the way the rows come up
         path.append(node["Node Type"] + (f" ({node['Index Name']})" if "Index Name" in node
                                          else ""))
-        outer = [c for c in node.get("Plans", []) if c.get("Parent Relationship") == "Outer"]
-        if not outer:
+        below = [c for c in node.get("Plans", []) if _reads_pickable(c)
+                 and c.get("Parent Relationship") in ("Outer", "Inner", "Subquery")]
+        if not below:
             break
-        node = outer[0]
-    top = plan["Plan"]
+        node = below[0]
     return Cost(_buffers(top), _buffers(node), round(plan["Execution Time"], 2),
                 top["Actual Rows"], " > ".join(path))
+
+
+def _reads_pickable(node: dict[str, Any]) -> bool:
+    return node.get("Index Name") == "idx_jobs_pickable" or any(
+        _reads_pickable(c) for c in node.get("Plans", [])
+        if c.get("Parent Relationship") != "InitPlan")
 
 
 def _buffers(node: dict[str, Any]) -> int:
     return int(node["Shared Hit Blocks"] + node["Shared Read Blocks"])
 
 
-async def explain(conn: asyncpg.Connection, *, floor: datetime | None = None,
+async def explain(conn: asyncpg.Connection, *, floor: Floor | None = None,
                   floored: bool = False, limit: int = 1000, json_format: bool = False) -> str:
     """The claim's `EXPLAIN (ANALYZE, BUFFERS)`, rolled back (`claim_cost`)."""
-    values: dict[str, Any] = {"queue": QUEUE, "job_types": [JOB_TYPE], "limit": limit}
+    values = claim_values(floor if floored else None, limit)
     query = TAKE
-    if floored:
-        query, values = FLOORED_TAKE, {**values, "priority": 0, "floor": floor}
     options = "ANALYZE, BUFFERS" + (", FORMAT JSON" if json_format else "")
     tx = conn.transaction()
     await tx.start()

@@ -101,7 +101,7 @@ class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")
+        UUID(as_uuid=True), primary_key=True, server_default=text("jobqueue_id()")
     )
     job_type: Mapped[str] = mapped_column(String(JOB_TYPE_MAX_LENGTH))
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
@@ -167,6 +167,7 @@ class Job(Base):
             "queue",
             text("priority DESC"),
             "run_at",
+            "id",
             postgresql_where=text("status IN ('pending', 'retrying')"),
         ),
         # One unfinished job per unique key: the database decides, so two
@@ -244,13 +245,14 @@ class Batch(Base):
     """A quick batch in flight: the jobs one lane locked in its transaction
     (`xid`), written before they run. Its jobs show nothing of it until the
     batch commits, so after a crash this row is what names them (`rescue`).
-    One row per lane, overwritten by its next batch; UNLOGGED."""
+    One row per lane at a time, replaced (deleted, inserted) by its next
+    batch, never updated in place (`queries.sql: record_batch`); UNLOGGED."""
 
     __tablename__ = "jobqueue_batches"
 
     worker_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     lane: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    xid: Mapped[int] = mapped_column(BigInteger)
+    xid: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     job_ids: Mapped[list[uuid.UUID]] = mapped_column(ARRAY(UUID(as_uuid=True)))
     started_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")

@@ -28,9 +28,10 @@ SELECT id FROM jobs
 WHERE unique_key = :unique_key AND status IN ('pending', 'processing', 'retrying');
 
 -- enqueue_many --
--- Many jobs of one type in one statement; ids come back in the payloads' order.
+-- Many jobs of one type in one statement; ids come back in the payloads' order,
+-- and sort in it (`jobqueue_id`): with one run_at, they run in that order.
 WITH new AS (
-    SELECT gen_random_uuid() AS id, payload, n
+    SELECT jobqueue_id(n) AS id, payload, n
     FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS t(payload, n)
 ), inserted AS (
     INSERT INTO jobs (id, job_type, payload, max_retries, run_at, queue, priority, timeout)
@@ -45,50 +46,122 @@ SELECT id FROM new ORDER BY n;
 -- Take up to :limit due jobs of queue :queue for worker :worker_id and commit
 -- at once, so they show `processing` while a long batch runs. Only jobs of the
 -- types the worker has handlers for (:job_types): the others wait for a
--- worker that knows them. Highest priority first, then earliest due, read off
--- idx_jobs_pickable in that order. SKIP LOCKED lets concurrent claimers pass
--- each other instead of queueing up. A queue that is paused or limited
+-- worker that knows them. Highest priority first, then earliest due: one arm
+-- per priority the queue has (:priorities, highest first), each a range of
+-- idx_jobs_pickable read in (run_at, id) order from where the lane's last
+-- claim there stopped (:floors and :floor_ids, the same length; NULL: from
+-- the start), so the entries of jobs already taken, which vacuum may not
+-- have removed yet, are never stepped over again (`worker/floors.py`). The outer LIMIT stops
+-- the arms as soon as it has enough: a lower arm is not even started, and no
+-- row is locked that is not returned. SKIP LOCKED lets concurrent claimers
+-- pass each other instead of queueing up. A queue that is paused or limited
 -- (a row in jobqueue_queues says so) gives nothing here: its jobs go through
 -- `claim_limited`. That check runs once per statement (an InitPlan, one probe
 -- of a small table), so queues without settings pay nothing else for them.
 -- Jobs that must run alone (`run_alone`) are left to `claim_alone`.
-WITH due AS (
-    SELECT id
-    FROM jobs
-    WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
-      AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
-      AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
-                      WHERE q.name = :queue
-                        AND (q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL))
-    ORDER BY priority DESC, run_at
+--
+-- Each row also says where the lane's next claim in its priority may start
+-- (`floor`, `floor_id`): the first job there that this statement did not
+-- take and that is still waiting in its snapshot — one locked by someone
+-- else (another lane, a caller of wait(), a batch of another worker), or the
+-- next in line — or now() when there is none due. Every job before it is taken,
+-- finished, or not this worker's to take; one that shows up there later (a
+-- transaction that began earlier commits, a job is put back) announces
+-- itself (`jobqueue_announce`) and the worker lowers the floor.
+WITH arm AS (
+    SELECT priority, coalesce(at, '-infinity') AS at,
+           coalesce(id, '00000000-0000-0000-0000-000000000000') AS id
+    FROM unnest(CAST(:priorities AS integer[]), CAST(:floors AS timestamptz[]),
+                CAST(:floor_ids AS uuid[])) AS f(priority, at, id)
+), due AS MATERIALIZED (
+    SELECT t.id, t.priority
+    FROM arm AS a CROSS JOIN LATERAL (
+        SELECT id, priority, run_at
+        FROM jobs
+        WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
+          AND (run_at, id) >= (a.at, a.id) AND run_at <= now()
+          AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
+          AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
+                          WHERE q.name = :queue
+                            AND (q.paused OR q.concurrency IS NOT NULL
+                                 OR q.rate_limit IS NOT NULL))
+        ORDER BY run_at, id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED) AS t
     LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+), next AS MATERIALIZED (
+    SELECT a.priority,
+           CASE WHEN w.run_at <= now() THEN w.run_at ELSE now() END AS floor,
+           CASE WHEN w.run_at <= now() THEN w.id END AS floor_id
+    FROM arm AS a LEFT JOIN LATERAL (
+        SELECT run_at, id FROM jobs
+        WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
+          AND (run_at, id) >= (a.at, a.id)
+          AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
+          AND id <> ALL(ARRAY(SELECT id FROM due))
+        ORDER BY run_at, id
+        LIMIT 1) AS w ON true
+    WHERE a.priority IN (SELECT priority FROM due)
+), claimed AS (
+    UPDATE jobs AS j
+    SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
+    FROM due
+    WHERE j.id = due.id
+    RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
+              j.max_retries, j.timeout, j.priority, j.run_at
 )
-UPDATE jobs AS j
-SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
-FROM due
-WHERE j.id = due.id
-RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count, j.max_retries,
-          j.timeout;
+SELECT c.*, n.floor, n.floor_id
+FROM claimed AS c JOIN next AS n ON n.priority = c.priority
+ORDER BY c.priority DESC, c.run_at, c.id;
 
 -- take --
 -- Lock up to :limit due jobs inside the batch's own transaction without
 -- writing them: a quick batch is claimed, run and recorded in one transaction,
 -- one new row version per job instead of two. The lock keeps other workers
 -- off until the commit; a crash rolls back and releases them untouched.
--- What it may take is what `claim` may (the same queue, types and gate).
+-- What it may take is what `claim` may, read the same way (arms, floors, the
+-- same gate), and each row says where the next claim may start as there.
 -- The lane then reads the transaction's id (`batch_xid`) and writes it with
 -- the ids in `jobqueue_batches` (`record_batch`) before it runs them.
-SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout
-FROM jobs
-WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
-  AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
-  AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
-                  WHERE q.name = :queue
-                    AND (q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL))
-ORDER BY priority DESC, run_at
-LIMIT :limit
-FOR UPDATE SKIP LOCKED;
+WITH arm AS (
+    SELECT priority, coalesce(at, '-infinity') AS at,
+           coalesce(id, '00000000-0000-0000-0000-000000000000') AS id
+    FROM unnest(CAST(:priorities AS integer[]), CAST(:floors AS timestamptz[]),
+                CAST(:floor_ids AS uuid[])) AS f(priority, at, id)
+), taken AS MATERIALIZED (
+    SELECT t.*
+    FROM arm AS a CROSS JOIN LATERAL (
+        SELECT id, job_type, payload, retry_count, max_retries, timeout, priority, run_at
+        FROM jobs
+        WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
+          AND (run_at, id) >= (a.at, a.id) AND run_at <= now()
+          AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
+          AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
+                          WHERE q.name = :queue
+                            AND (q.paused OR q.concurrency IS NOT NULL
+                                 OR q.rate_limit IS NOT NULL))
+        ORDER BY run_at, id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED) AS t
+    LIMIT :limit
+), next AS MATERIALIZED (
+    SELECT a.priority,
+           CASE WHEN w.run_at <= now() THEN w.run_at ELSE now() END AS floor,
+           CASE WHEN w.run_at <= now() THEN w.id END AS floor_id
+    FROM arm AS a LEFT JOIN LATERAL (
+        SELECT run_at, id FROM jobs
+        WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
+          AND (run_at, id) >= (a.at, a.id)
+          AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
+          AND id <> ALL(ARRAY(SELECT id FROM taken))
+        ORDER BY run_at, id
+        LIMIT 1) AS w ON true
+    WHERE a.priority IN (SELECT priority FROM taken)
+)
+SELECT t.id, t.job_type, CAST(t.payload AS text) AS payload, t.retry_count, t.max_retries,
+       t.timeout, t.priority, t.run_at, n.floor, n.floor_id
+FROM taken AS t JOIN next AS n ON n.priority = t.priority
+ORDER BY t.priority DESC, t.run_at, t.id;
 
 -- lock_queue --
 -- Admission to a limited queue, one claimer at a time fleet-wide: held until
@@ -133,7 +206,8 @@ WITH q AS (
     FROM due
     WHERE j.id = due.id
     RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
-              j.max_retries, j.timeout
+              j.max_retries, j.timeout, j.priority, j.run_at,
+              CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id
 ), counted AS (
     UPDATE jobqueue_queues AS s
     SET window_start = q.window_now,
@@ -146,11 +220,14 @@ WITH q AS (
 SELECT * FROM claimed;
 
 -- waiting_queues --
--- Each queue with waiting jobs and when its earliest one is due (seconds from
--- now; negative: overdue). A loose index scan of idx_jobs_pickable: one probe
--- per (queue, priority) that has jobs, never a pass over the jobs themselves,
--- however many wait. Workers serving every queue learn the queues from it,
--- and every worker its next wake-up.
+-- Each (queue, priority) with waiting jobs, its earliest run_at, and when
+-- that is due (seconds from now; negative: overdue). A loose index scan of
+-- idx_jobs_pickable: one probe per (queue, priority) that has jobs, never a
+-- pass over the jobs themselves, however many wait — but each probe starts
+-- at the front of its range, and while vacuum is held back it steps over
+-- every entry of a job finished since. So a worker reads it only to find
+-- what it does not know yet (`floors.py`: when a life begins, then once every
+-- DISCOVER_INTERVAL); in between it looks past its floors (`waiting_after`).
 WITH RECURSIVE g AS (
     (SELECT queue, priority, run_at FROM jobs
      WHERE status IN ('pending', 'retrying')
@@ -167,10 +244,28 @@ WITH RECURSIVE g AS (
          ORDER BY queue, priority DESC, run_at LIMIT 1)
         LIMIT 1) AS n
 )
-SELECT queue, CAST(extract(epoch FROM min(run_at) - now()) AS float8) AS due_in
+SELECT queue, priority, run_at, CAST(extract(epoch FROM run_at - now()) AS float8) AS due_in
 FROM g
-GROUP BY queue
-ORDER BY queue;
+ORDER BY queue, priority DESC;
+
+-- waiting_after --
+-- `waiting_queues` for the (queue, priority) pairs a worker knows, each read
+-- from its floor (:floors, :floor_ids; NULL: from the start; the lowest of
+-- the worker's lanes): one probe of idx_jobs_pickable per pair, past what is finished.
+-- A pair with nothing waiting gives no row.
+SELECT f.queue, f.priority, w.run_at,
+       CAST(extract(epoch FROM w.run_at - now()) AS float8) AS due_in
+FROM unnest(CAST(:queues AS text[]), CAST(:priorities AS integer[]),
+            CAST(:floors AS timestamptz[]), CAST(:floor_ids AS uuid[]))
+    AS f(queue, priority, at, id)
+CROSS JOIN LATERAL (
+    SELECT run_at FROM jobs
+    WHERE queue = f.queue AND priority = f.priority AND status IN ('pending', 'retrying')
+      AND (run_at, id) >= (coalesce(f.at, '-infinity'),
+                           coalesce(f.id, '00000000-0000-0000-0000-000000000000'))
+    ORDER BY run_at, id
+    LIMIT 1) AS w
+ORDER BY f.queue, f.priority DESC;
 
 -- queue_settings --
 -- Every queue someone configured (paused, or limited). Tiny: read whole.
@@ -180,7 +275,8 @@ SELECT name, paused, concurrency, rate_limit, rate_period FROM jobqueue_queues;
 -- Lock given jobs again, if still waiting and due (a quick batch that could
 -- not commit is rerun one job per transaction; meanwhile another worker may
 -- have tried one and scheduled its retry for later).
-SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout
+SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout,
+       priority, run_at, CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id
 FROM jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
   AND run_at <= now()
@@ -283,8 +379,9 @@ WITH back AS (
       AND (CAST(:ids AS uuid[]) IS NULL OR id = ANY(CAST(:ids AS uuid[])))
     RETURNING id
 )
-SELECT n, CASE WHEN n > 0 THEN pg_notify('jobqueue', '') END AS notified
-FROM (SELECT count(*) AS n FROM back) AS c;
+-- They wait where they were, behind the floors of lanes that took the jobs
+-- after them; the update trigger says where, and wakes the workers.
+SELECT count(*) AS n FROM back;
 
 -- batch_xid --
 -- The id of the open batch transaction (assigned by the row locks it took).
@@ -294,12 +391,19 @@ SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid;
 -- Before a quick batch runs: its jobs and its transaction, on a connection
 -- of their own (committed at once). The jobs show nothing of the batch until
 -- it commits; if the worker dies first, this row is what names them
--- (`rescue`). One row per lane, overwritten by its next batch; the table is
--- UNLOGGED, so this costs no WAL flush.
+-- (`rescue`). One row per lane at a time: the lane's row of its previous
+-- batch (:previous, its ctid as this statement returned it; NULL: none) is
+-- deleted by its address, and the new one inserted. Never an update of one
+-- row looked up by its key: while vacuum is held back, every overwrite would
+-- leave one more version of that row for the next lookup to walk past.
+-- The table is UNLOGGED, so this costs no WAL flush.
+WITH previous AS (
+    DELETE FROM jobqueue_batches
+    WHERE ctid = CAST(:previous AS tid) AND worker_id = :worker_id AND lane = :lane
+)
 INSERT INTO jobqueue_batches (worker_id, lane, xid, job_ids)
 VALUES (:worker_id, :lane, :xid, CAST(:ids AS uuid[]))
-ON CONFLICT (worker_id, lane) DO UPDATE
-SET xid = EXCLUDED.xid, job_ids = EXCLUDED.job_ids, started_at = now();
+RETURNING ctid;
 
 -- reap --
 -- End the connections left behind by workers that are gone (no liveness
@@ -459,7 +563,8 @@ WITH q AS (
     FROM due
     WHERE j.id = due.id
     RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
-              j.max_retries, j.timeout
+              j.max_retries, j.timeout, j.priority, j.run_at,
+              CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id
 ), counted AS (
     UPDATE jobqueue_queues AS s
     SET window_start = q.window_now,
@@ -663,8 +768,9 @@ SELECT status FROM jobs WHERE id = :id;
 
 -- api_retry_job --
 -- Run a failed job again: pending, due now, its retries renewed, its error
--- history kept. Only a `failed` job qualifies (no row back otherwise); idle
--- workers are woken at commit.
+-- history kept. Only a `failed` job qualifies (no row back otherwise); the
+-- update trigger wakes idle workers at commit and tells them where it waits
+-- (due at this transaction's start, which can be behind a lane's floor).
 WITH retried AS (
     UPDATE jobs
     SET status = 'pending', retry_count = 0, run_at = now(), next_retry_at = NULL,
@@ -672,7 +778,7 @@ WITH retried AS (
     WHERE id = :id AND status = 'failed'
     RETURNING id
 )
-SELECT id, pg_notify('jobqueue', '') AS notified FROM retried;
+SELECT id FROM retried;
 
 -- metrics_jobs --
 -- How many jobs are in each state, by queue and type; how many are due, and

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from jobqueue.schema.locks import QUEUE_LOCK_CLASS
 from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
 from jobqueue.schema.queries import queries
+from jobqueue.worker.floors import Arms
 from jobqueue.worker.handler import ClaimedJob
 
 
@@ -49,10 +50,12 @@ class Claimed:
     taken = False
 
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
-                    job_types: list[str]) -> Started | None:
-        """Claim up to `limit` due jobs of `queue`, then begin the batch's transaction."""
+                    job_types: list[str], arms: Arms) -> Started | None:
+        """Claim up to `limit` due jobs of `queue`, then begin the batch's
+        transaction. `arms`: the queue's priorities and the lane's floor in
+        each (`floors.py`; the limited and lone claims read from the front)."""
         rows = await self._claim(raw, limit=limit, worker_id=worker_id, queue=queue,
-                                 job_types=job_types)
+                                 job_types=job_types, **arms._asdict())
         if not rows:
             return None
         tx = raw.transaction()
@@ -60,6 +63,8 @@ class Claimed:
         return Started(tx, list(map(ClaimedJob._make, rows)))
 
     async def _claim(self, raw: Any, **values: Any) -> list[Any]:
+        if not values["priorities"]:
+            return []  # no waiting job known in this queue
         return await queries["claim"].fetch(raw, **values)
 
     async def again(self, raw: Any, jobs: list[ClaimedJob]) -> Started | None:
@@ -106,9 +111,12 @@ class Taken:
     taken = True
 
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
-                    job_types: list[str]) -> Started | None:
+                    job_types: list[str], arms: Arms) -> Started | None:
         """Begin the batch's transaction and lock up to `limit` due jobs of `queue` in it."""
-        locked = await lock(raw, "take", limit=limit, queue=queue, job_types=job_types)
+        if not arms.priorities:
+            return None  # no waiting job known in this queue
+        locked = await lock(raw, "take", limit=limit, queue=queue, job_types=job_types,
+                            **arms._asdict())
         if locked is None:
             return None
         tx, rows = locked

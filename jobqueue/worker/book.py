@@ -10,10 +10,12 @@ queue. A stale book costs a lane an empty claim, never a broken limit.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any, NamedTuple
 
 from jobqueue.schema.queries import queries
+from jobqueue.worker.floors import DISCOVER_INTERVAL, Floors
 
 #: Payload of the notification sent when a queue's settings change.
 SETTINGS_CHANGED = "queues"
@@ -80,10 +82,21 @@ class QueueBook:
             if changes == self._changes:
                 self.settings_read_at = started
 
-    async def look(self, raw: Any) -> None:
-        """Which queues have waiting jobs, and when each is due next."""
-        rows = await queries["waiting_queues"].fetch(raw)
-        self.waiting = {r["queue"]: r["due_in"] for r in rows}
+    async def look(self, raw: Any, floors: Floors) -> None:
+        """Which queues have waiting jobs, and when each is due next: past
+        the lanes' floors, or from the front of the index when a life has
+        not looked there yet or not for DISCOVER_INTERVAL (`floors.py`)."""
+        now = time.monotonic()
+        if floors.discovered_at is None or now - floors.discovered_at >= DISCOVER_INTERVAL:
+            floors.discovered_at = now
+            rows = await queries["waiting_queues"].fetch(raw)
+            floors.discovered(rows)
+        else:
+            rows = await queries["waiting_after"].fetch(raw, **floors.lowest())
+        waiting: dict[str, float] = {}
+        for r in rows:
+            waiting[r["queue"]] = min(r["due_in"], waiting.get(r["queue"], math.inf))
+        self.waiting = waiting
         await self.read_settings(raw)
 
     def due_in(self, served: tuple[str, ...] | None) -> float | None:

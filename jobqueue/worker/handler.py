@@ -41,6 +41,7 @@ would open more than `SAVEPOINT_LIMIT` in one transaction.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from contextvars import ContextVar
@@ -82,6 +83,13 @@ class ClaimedJob(NamedTuple):
     retry_count: int
     max_retries: int
     timeout: float | None  # the job's own (seconds); None: its type's, if any
+    priority: int
+    run_at: dt.datetime  # when it was due
+    #: Where the lane's next claim at this priority may start (`floors.py`):
+    #: a (run_at, id) pair, id None for the time alone; None from a
+    #: statement that does not say.
+    floor: dt.datetime | None
+    floor_id: uuid.UUID | None
 
     @property
     def attempt(self) -> int:

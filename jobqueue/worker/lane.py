@@ -71,6 +71,7 @@ from jobqueue.worker.batch import (
 )
 from jobqueue.worker.book import QueueBook
 from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.floors import NO_ARMS, Floors
 from jobqueue.worker.handler import (
     DB_ERROR,
     IN_HANDLER,
@@ -137,6 +138,8 @@ class Life:
     alone: AloneGate
     #: The queues as this worker last saw them (waiting jobs, settings).
     book: QueueBook
+    #: Where each lane's claims start, per queue and priority (`floors.py`).
+    floors: Floors
     #: The job types it has handlers for: the only ones it claims.
     job_types: list[str]
 
@@ -180,6 +183,8 @@ class Lane:
         self.batch: list[ClaimedJob] = []
         self.cancels: set[uuid.UUID] = set()
         self.stopper: Stopper | None = None
+        #: The queue of the batch running now.
+        self.queue = ""
 
     async def run(self) -> None:
         """Work until the worker stops. A lost connection is not reopened here:
@@ -269,7 +274,7 @@ class Lane:
         gate = self.life.alone
         if gate.wanted and await self._run_alone(conn, session):
             return True
-        book, raw = self.life.book, self.raw
+        book, raw, floors = self.life.book, self.raw, self.life.floors
         await book.read_settings(raw)
         queues = self.serves or book.known()
         take, limit = self.plan()
@@ -280,8 +285,11 @@ class Lane:
                     continue
                 batch = self.batch_kind(queue, take)
                 started = await batch.start(raw, limit, self.worker_id, queue,
-                                            self.life.job_types)
+                                            self.life.job_types,
+                                            floors.arms(self.number, queue))
                 if started is not None:
+                    floors.advance(self.number, queue, started.jobs)
+                    self.queue = queue
                     self.turn = (self.turn + step + 1) % len(queues)
                     await self._run_held(conn, session, started, batch)
                     return True
@@ -319,7 +327,8 @@ class Lane:
                     return ran  # another lane is at it; this one waits at the gate
                 for queue in due:
                     kind = self.alone_kind()
-                    started = await kind.start(raw, 1, self.worker_id, queue, life.job_types)
+                    started = await kind.start(raw, 1, self.worker_id, queue, life.job_types,
+                                               NO_ARMS)
                     if started is not None:
                         await self._run_held(conn, session, started, kind)
                         ran = True
@@ -366,7 +375,7 @@ class Lane:
     async def _wait_for_work(self) -> bool:
         """Sleep until a job may be due. False when a burst run is done."""
         book = self.life.book
-        await book.look(self.raw)
+        await book.look(self.raw, self.life.floors)
         if self.serves is None and any(due <= 0 for queue, due in book.waiting.items()
                                        if queue not in self.tried):
             return True  # a queue this lane has not tried yet: try it at once
@@ -388,12 +397,35 @@ class Lane:
     async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, started: Started,
                          batch: BatchKind, isolated: bool = False,
                          decided: dict[uuid.UUID, Decided] | None = None) -> None:
+        """`_run_tx`; a quick batch's jobs that it did not record (its
+        transaction rolled back, or it stopped early) wait again where they
+        were, behind this lane's floor, which goes back to them."""
+        if not batch.taken:
+            await self._run_tx(conn, session, started, batch, isolated, decided)
+            return
+        left: list[uuid.UUID] | None = None
+        try:
+            left = await self._run_tx(conn, session, started, batch, isolated, decided)
+        finally:
+            if left is None:
+                self.life.floors.released(self.number, self.queue, started.jobs)
+            elif left:
+                unrecorded = set(left)
+                self.life.floors.released(self.number, self.queue,
+                                          [job for job in started.jobs if job.id in unrecorded])
+
+    async def _run_tx(self, conn: AsyncConnection, session: AsyncSession, started: Started,
+                      batch: BatchKind, isolated: bool = False,
+                      decided: dict[uuid.UUID, Decided] | None = None
+                      ) -> list[uuid.UUID] | None:
         """Run a batch in its open transaction; one commit records every outcome.
         `batch`: how its jobs are held (taken by this transaction, or claimed;
         a taken batch is written down first, `record_batch`).
         `isolated`: every job in a savepoint of its own (else only the job
         types that need one). `decided`: outcomes recorded without running
-        those jobs again (a rerun's)."""
+        those jobs again (a rerun's). Returns the jobs it committed without
+        recording them, not started (None: it rolled back; a rerun records
+        its own)."""
         life = self.life
         outcomes = Outcomes()
         decided = decided or {}
@@ -407,21 +439,21 @@ class Lane:
         except Rerun as rerun:
             await rollback(tx)
             await self._rerun_isolated(conn, session, jobs, batch, rerun)
-            return
+            return None
         except LostOwnership:
             await rollback(tx)
             logger.warning("batch of %d rolled back: another worker took some of its jobs",
                            len(jobs), extra={"event": "batch_lost", "jobs": len(jobs),
                                              "worker_id": self.worker_id})
             await self._hand_back(batch, jobs)
-            return
+            return None
         except Exception as exc:
             await rollback(tx)
             if life.abandon.is_set():
                 raise
             if not is_connection_error(exc):
                 await self._after_batch_error(conn, session, jobs, batch, exc, decided)
-                return
+                return None
             logger.error("lane %d: connection lost mid-batch; %d job(s) go back to the queue",
                          self.number, len(jobs),
                          extra={"event": "batch_connection_lost", "lane": self.number,
@@ -432,6 +464,7 @@ class Lane:
         life.stats.count_batch(outcomes, latencies)
         if outcomes.done_ids and logger.isEnabledFor(logging.DEBUG):
             self._log_completed(jobs, outcomes)  # committed: now they are done
+        return outcomes.not_started
 
     async def _hand_back(self, batch: BatchKind, jobs: list[ClaimedJob]) -> None:
         """The batch rolled back and will not run again here: its jobs go back

@@ -66,6 +66,7 @@ from jobqueue.worker import upkeep
 from jobqueue.worker.alone import ALONE, AloneGate
 from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.floors import Floors
 from jobqueue.worker.handler import lane_engine
 from jobqueue.worker.lane import Lane, Life
 from jobqueue.worker.stats import WorkerStats
@@ -120,6 +121,8 @@ class JobRunner:
         self.wake = asyncio.Event()
         #: The queues as this worker sees them, shared by its lanes.
         self.book = QueueBook(self.config.poll_interval)
+        #: Where this life's lanes claim from (`floors.py`).
+        self.floors = Floors()
         #: The job types it claims: those with handlers when its life began.
         self.job_types: list[str] = []
         #: Where sync (plain `def`) handlers run, for the runner's whole life.
@@ -135,6 +138,8 @@ class JobRunner:
         self._lanes: list[Lane] = []  # this life's, while they work
         self._ledger: asyncpg.Connection | None = None  # where quick batches are written down
         self._ledger_lock = asyncio.Lock()
+        #: Where each lane's row in the ledger is (its ctid), for the next batch to delete.
+        self._ledger_rows: dict[int, Any] = {}
         self.alone = AloneGate()  # this life's: where lanes make room for lone jobs
 
     # -- control from outside -------------------------------------------------
@@ -362,11 +367,16 @@ class JobRunner:
         The lanes take the async job types; the sync ones (plain `def`
         handlers) have a lane of their own that runs them in threads."""
         async_types = [t for t in self.job_types if t not in sync_types]
+        self.floors = Floors()  # a new life claims from the front
+        async with self.monitor_lock:  # what waits, before the lanes' first claims
+            assert self._monitor is not None
+            await self.book.look(self._monitor, self.floors)
         life = Life(worker_id=self.worker_id, registry=self.registry, stats=self.stats,
                     isolated_types=self.isolated_types, wake=self.wake,
                     stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back,
                     cancel_statement=self.cancel_statement, record_batch=self.record_batch,
-                    alone=self.alone, book=self.book, job_types=async_types)
+                    alone=self.alone, book=self.book, floors=self.floors,
+                    job_types=async_types)
         lanes = [Lane(self.config, life, engine, n, serves)
                  for n, serves in enumerate(self.config.lane_queues)
                  if async_types or not sync_types]
@@ -438,8 +448,9 @@ class JobRunner:
         """Write down a quick batch before it runs (`queries.sql: record_batch`)."""
         async with self._ledger_lock:
             assert self._ledger is not None
-            await queries["record_batch"].fetch(self._ledger, worker_id=self.worker_id,
-                                                lane=lane, xid=xid, ids=ids)
+            self._ledger_rows[lane] = await queries["record_batch"].fetchval(
+                self._ledger, worker_id=self.worker_id, lane=lane, xid=xid, ids=ids,
+                previous=self._ledger_rows.get(lane))
 
     async def cancel_statement(self, pid: int) -> None:
         """Stop the statement a lane's backend runs (a handler being stopped)."""
@@ -513,6 +524,8 @@ class JobRunner:
             self.book.settings_changed()
         elif payload == ALONE:
             self.alone.want()
+        else:
+            self.floors.heard(payload)  # where new jobs wait (`floors.py`)
         self.wake.set()
 
     def _app_name(self, role: str) -> str:

@@ -88,6 +88,7 @@ from jobqueue.worker.batch import (
     Started,
 )
 from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.floors import Arms
 from jobqueue.worker.handler import (
     IN_HANDLER,
     ClaimedJob,
@@ -370,9 +371,9 @@ class _ClaimOnly(Claimed):
     transaction of its own, in its thread."""
 
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
-                    job_types: list[str]) -> Started | None:
+                    job_types: list[str], arms: Arms) -> Started | None:
         rows = await self._claim(raw, limit=limit, worker_id=worker_id, queue=queue,
-                                 job_types=job_types)
+                                 job_types=job_types, **arms._asdict())
         return Started(None, list(map(ClaimedJob._make, rows))) if rows else None
 
 

@@ -1,0 +1,224 @@
+"""Where each lane's next claim starts reading, per queue and priority.
+
+A claimed job leaves its entry in idx_jobs_pickable behind: the claim's
+update (or the batch's completion) made a new row version that the
+partial index does not hold, and the old entry goes only when vacuum
+removes the version it points to. Vacuum may remove it only once no
+transaction can still see it, so one long transaction anywhere in the
+cluster (an idle session holding an xid, a REPEATABLE READ report) keeps
+every entry of every job finished since. A claim that reads the index
+from the front steps over each of them and visits its heap row to learn
+that it is dead: one buffer per finished job, so the claims slow down as
+the transaction ages (notebooks/lessons/08_vacuum_horizon.ipynb shows it).
+
+So a lane claims from a *floor*: for each (queue, priority) it takes
+from, the run_at from which the jobs it has not taken yet begin
+(`queries.sql: claim, take`, which say where the next claim may start).
+The claims read only the range past the floor, whatever lies dead before
+it. What a floor must never do is hide a job that is waiting; jobs that
+can arrive behind one:
+
+- one enqueued in a transaction that began before the jobs the lane took
+  since (its run_at defaults to its transaction's start): the insert
+  trigger announces each statement's (queue, priority, earliest run_at)
+  at commit, and `lower` moves the floors back to it;
+- one made waiting and due again by an UPDATE (`hand_back`, a retry from
+  the API, a new queue or priority, one written by hand): a row trigger
+  announces it the same way;
+- one of this lane's own quick batch released without being recorded
+  (the batch stopped early, or rolled back): the lane lowers its own
+  floor (`lower`, one lane);
+- one locked by someone else when the claim passed it (another lane, a
+  caller of `wait()`, another worker's batch): never behind, because the
+  floor a claim returns stops at the first job it did not take that is
+  still waiting, locked or not;
+- anything that announced nothing (written with triggers off, as by
+  `session_replication_role = replica`; a notification lost with a
+  listening connection): found by the worker's look from the front
+  (`waiting_queues`), when a life begins and once every
+  `DISCOVER_INTERVAL` after, which lowers every floor past a waiting job.
+
+A (queue, priority) pair the worker has not seen has no floor: its first
+claim reads it from the start. Floors belong to one life of a worker
+(one worker id): a new life starts from the front.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+logger = logging.getLogger("jobqueue.worker")
+
+#: Seconds between two looks from the front of the index (`waiting_queues`),
+#: the safety net for waiting jobs that announced nothing.
+DISCOVER_INTERVAL = 60.0
+
+#: How the insert and update triggers say where jobs wait (migration 0007):
+#: ``due:<priority>:<epoch seconds of the earliest run_at>:<queue>``.
+DUE_PREFIX = "due:"
+
+#: Announcements kept per (queue, priority) for claims in progress.
+_HEARD = 64
+
+#: The least id: a floor at a time alone, before every job due then.
+NIL = uuid.UUID(int=0)
+
+#: A floor: the (run_at, id) from which a claim reads, in the index's order.
+Floor = tuple[dt.datetime, uuid.UUID]
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class Arms(NamedTuple):
+    """A claim's arms: a queue's priorities, highest first, and the lane's
+    floor in each (None: from the start)."""
+
+    priorities: list[int]
+    floors: list[dt.datetime | None]
+    floor_ids: list[uuid.UUID | None]
+
+
+#: The arms of a claim that reads from the front of its own index (a
+#: limited queue's, a lone job's).
+NO_ARMS = Arms([], [], [])
+
+
+class Placed(Protocol):
+    """A job as the floors need it: where it waits."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def run_at(self) -> dt.datetime: ...
+
+
+class Floors:
+    """The floors of one worker's lanes during one life, and the (queue,
+    priority) pairs it knows have waiting jobs."""
+
+    def __init__(self) -> None:
+        #: Queue -> the priorities it has had waiting jobs at.
+        self.groups: dict[str, set[int]] = {}
+        #: Lane number -> (queue, priority) -> floor. No entry: from the start.
+        self._lanes: dict[int, dict[tuple[str, int], Floor]] = {}
+        #: When the last look from the front began (monotonic seconds);
+        #: None: not yet in this life.
+        self.discovered_at: float | None = None
+        #: Announcements counted, the latest of each pair (count, run_at),
+        #: the count of the latest one no longer kept, and the count when
+        #: each lane's claim in progress began: what `advance` must apply.
+        self._seq = 0
+        self._heard: dict[tuple[str, int], collections.deque[tuple[int, Floor]]] = {}
+        self._forgot: dict[tuple[str, int], int] = {}
+        self._began: dict[int, int] = {}
+
+    def learn(self, queue: str, priority: int) -> None:
+        self.groups.setdefault(queue, set()).add(priority)
+
+    def arms(self, lane: int, queue: str) -> Arms:
+        """The claim's arms for `queue`: its priorities, highest first, and
+        this lane's floor in each (None, None: from the start). Marks when
+        the claim began, for `advance`."""
+        priorities = sorted(self.groups.get(queue, ()), reverse=True)
+        own = self._lanes.get(lane, {})
+        self._began[lane] = self._seq
+        floors = [own.get((queue, p)) for p in priorities]
+        return Arms(priorities, [f and f[0] for f in floors], [f and f[1] for f in floors])
+
+    def advance(self, lane: int, queue: str, rows: Iterable[Any]) -> None:
+        """A claim of this lane returned `rows` (with `priority` and the
+        `floor` the statement worked out for it): its next claims start
+        there — or lower, where an announcement came while the claim ran
+        (its job committed after the claim's snapshot was taken)."""
+        own = self._lanes.setdefault(lane, {})
+        began = self._began.get(lane, 0)
+        for row in rows:
+            if row.floor is None:
+                continue
+            key = (queue, row.priority)
+            if self._forgot.get(key, -1) > began:
+                continue  # too many announcements since to tell: keep the old floor
+            floor = (row.floor, row.floor_id or NIL)
+            heard = [at for seq, at in self._heard.get(key, ()) if seq > began]
+            own[key] = min(floor, *heard) if heard else floor
+
+    def lower(self, queue: str, priority: int, at: dt.datetime, job_id: uuid.UUID = NIL,
+              lane: int | None = None) -> None:
+        """A job waits in (`queue`, `priority`) from (`at`, `job_id`) on: no
+        floor of `lane` (None: of every lane) may stay past it."""
+        self.learn(queue, priority)
+        lanes = self._lanes.values() if lane is None else [self._lanes.get(lane, {})]
+        key, low = (queue, priority), (at, job_id)
+        if lane is None:
+            self._seq += 1
+            heard = self._heard.setdefault(key, collections.deque())
+            if len(heard) == _HEARD:
+                self._forgot[key] = heard.popleft()[0]
+            heard.append((self._seq, low))
+        for own in lanes:
+            floor = own.get(key)
+            if floor is not None and floor > low:
+                own[key] = low
+
+    def released(self, lane: int, queue: str, jobs: Iterable[Placed]) -> None:
+        """Jobs of this lane's quick batch went back untouched (its
+        transaction ended without recording them): they wait where they were."""
+        for job in jobs:
+            self.lower(queue, job.priority, job.run_at, job.id, lane)
+
+    def heard(self, payload: str) -> bool:
+        """Apply a `due:` announcement (False: not one, or not readable)."""
+        if not payload.startswith(DUE_PREFIX):
+            return False
+        try:
+            priority, epoch, queue = payload[len(DUE_PREFIX):].split(":", 2)
+            at = _from_epoch(epoch)
+            self.lower(queue, int(priority), at)
+        except (ValueError, OverflowError):
+            logger.warning("ignored an unreadable notification %r", payload,
+                           extra={"event": "notification_unreadable"})
+            return False
+        return True
+
+    def lowest(self) -> dict[str, list[Any]]:
+        """Every known pair and the lowest floor any lane has there (None
+        if some lane has none): where `waiting_after` looks (its values)."""
+        out: dict[str, list[Any]] = {"queues": [], "priorities": [], "floors": [],
+                                     "floor_ids": []}
+        lanes = list(self._lanes.values())
+        for queue, prios in sorted(self.groups.items()):
+            for p in sorted(prios, reverse=True):
+                have = [own.get((queue, p)) for own in lanes]
+                known = [floor for floor in have if floor is not None]
+                low = min(known) if known and len(known) == len(have) else (None, None)
+                out["queues"].append(queue)
+                out["priorities"].append(p)
+                out["floors"].append(low[0])
+                out["floor_ids"].append(low[1])
+        return out
+
+    def discovered(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """What a look from the front found: the pairs with waiting jobs
+        and the earliest of each, which no floor may be past."""
+        for row in rows:
+            self.lower(row["queue"], row["priority"], row["run_at"])
+
+
+def _from_epoch(text: str) -> dt.datetime:
+    """Exact microseconds from PostgreSQL's `extract(epoch ...)` text (a
+    float would round, and a floor one microsecond late hides a job)."""
+    whole, _, fraction = text.partition(".")
+    micros = int((fraction + "000000")[:6]) if fraction else 0
+    seconds = int(whole)
+    if whole.startswith("-") and micros:
+        return _EPOCH + dt.timedelta(seconds=seconds, microseconds=-micros)
+    return _EPOCH + dt.timedelta(seconds=seconds, microseconds=micros)

@@ -1,0 +1,270 @@
+"""Claims from a floor (`jobqueue/worker/floors.py`): they step over none of
+the index entries of jobs already finished, and still never lose a job that
+lands behind the floor.
+
+Each test first shows that the worker's floor had passed the job (a job due
+after it ran first), then that the job runs anyway, by the way the module
+says it gets back in front of the floor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from jobqueue import HandlerRegistry, JobRunner, db, enqueue, enqueue_many
+from jobqueue.testing import drain, wait_for
+from jobqueue.worker import book
+from jobqueue.worker.floors import DUE_PREFIX, Floors, _from_epoch
+from tests.test_worker import running
+
+#: Long enough for a loaded machine, far below the look from the front
+#: (DISCOVER_INTERVAL, 60 s), which would find any job by itself.
+DEADLINE = 20.0
+
+
+def registry() -> HandlerRegistry:
+    registry = HandlerRegistry()
+
+    @registry.register("noop")
+    async def noop(session: AsyncSession, payload: dict[str, Any]) -> None:
+        return None
+
+    return registry
+
+
+@contextlib.asynccontextmanager
+async def worker(db_url: str, **kw: Any) -> AsyncIterator[JobRunner]:
+    runner = JobRunner(db_url, registry=registry(), install_signal_handlers=False,
+                       poll_interval=0.2, **kw)
+    async with running(runner):
+        yield runner
+
+
+async def enqueue_one(engine: AsyncEngine, **kw: Any) -> uuid.UUID:
+    async with engine.begin() as s:
+        return await enqueue(s, "noop", {}, **kw)
+
+
+async def status(conn: asyncpg.Connection, job_id: uuid.UUID) -> str:
+    return str(await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job_id))
+
+
+async def completed(conn: asyncpg.Connection, job_id: uuid.UUID) -> bool:
+    return await status(conn, job_id) == "completed"
+
+
+async def run_one_after(engine: AsyncEngine, conn: asyncpg.Connection, behind: uuid.UUID,
+                        *, committed: bool = True, pending: bool = True) -> None:
+    """Enqueue a job due after `behind` and wait until the worker ran it: its
+    claims start past `behind` from then on. `committed`: `behind` is visible
+    (else its transaction is still open); `pending`: it still waits."""
+    later = await enqueue_one(engine)
+    await wait_for(lambda: completed(conn, later), timeout=DEADLINE,
+                   message="a job due later to run")
+    row = await conn.fetchrow(
+        "SELECT l.run_at > b.run_at AS after, b.status FROM jobs AS l "
+        "LEFT JOIN jobs AS b ON b.id = $1 WHERE l.id = $2", behind, later)
+    if committed:
+        assert row["after"] and row["status"] == ("pending" if pending else "completed")
+    else:
+        assert row["status"] is None  # not visible yet
+
+
+# -- what the claims read ---------------------------------------------------------
+
+
+async def entries_read(conn: asyncpg.Connection) -> int:
+    """Index entries that scans of idx_jobs_pickable have read (dead ones too:
+    each costs a visit to its heap row), as the statistics have them now."""
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    return int(await conn.fetchval(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'idx_jobs_pickable'"))
+
+
+@pytest.mark.parametrize("quick_batch", [0.05, 0.0], ids=["taken", "claimed"])
+async def test_under_a_held_horizon_claims_read_each_entry_a_few_times_not_every_time(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection, quick_batch: float) -> None:
+    """Vacuum held back, 2,000 jobs in batches of 10: claims from the front
+    would read the entries of every job finished before them, over 200,000
+    in all; from a floor, each entry a few times (the claim, and the look
+    for where the next one starts)."""
+    n, batch = 2000, 10
+    holder = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+    try:
+        await holder.execute("BEGIN")
+        await holder.fetchval("SELECT pg_current_xact_id()")  # holds the horizon from now on
+        async with engine.begin() as s:
+            await enqueue_many(s, "noop", [{} for _ in range(n)])
+        # Statistics, as any table that has lived a while has them: a planner
+        # that believes `jobs` empty records each batch's outcome by reading
+        # the whole claim index (a bitmap scan) instead of the primary key.
+        await conn.execute("ANALYZE jobs")
+        before = await entries_read(conn)
+        report = await drain(db_url, registry=registry(), batch_size=batch,
+                             quick_batch=quick_batch, concurrency=1)
+        assert report["processed"] == n
+        # Every finished job's old version is still there: nothing was vacuumed away.
+        assert await conn.fetchval(
+            "SELECT count(*) FROM jobs WHERE status = 'completed'") == n
+        seen: list[int] = []
+
+        async def arrived() -> int | None:
+            # The drain's backends send their counts as they close; settled
+            # once two reads agree (and the claims were counted at all).
+            seen.append(await entries_read(conn) - before)
+            return seen[-1] if len(seen) > 1 and seen[-1] == seen[-2] >= n else None
+
+        read = await wait_for(arrived, timeout=DEADLINE, interval=0.3,
+                              message="the index statistics of the drain")
+    finally:
+        await holder.close()
+    assert read < 6 * n, read
+
+
+# -- jobs that land behind a floor --------------------------------------------------
+
+
+async def test_a_job_whose_transaction_began_before_the_jobs_taken_since_is_run(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """Enqueued in a transaction that stays open while later jobs run: its
+    run_at (the transaction's start) is behind the floor when it commits;
+    the insert's announcement brings the floor back."""
+    async with worker(db_url):
+        async with AsyncSession(engine) as session, session.begin():
+            early = await enqueue(session, "noop", {})
+            await run_one_after(engine, conn, early, committed=False)
+        await wait_for(lambda: completed(conn, early), timeout=DEADLINE,
+                       message="the job committed behind the floor to run")
+
+
+async def test_without_its_announcement_a_job_behind_the_floor_waits_until_told(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """The same job inserted with triggers off (session_replication_role
+    replica) says nothing: the worker runs a later job and leaves it; the
+    announcement, sent by hand, is what brings it in. (One lane: a lane
+    that has not claimed yet has no floor and reads from the front.)"""
+    async with worker(db_url, concurrency=1):
+        inserter = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+        try:
+            await inserter.execute("SET session_replication_role = replica")
+            async with inserter.transaction():
+                early = await inserter.fetchval(
+                    "INSERT INTO jobs (job_type) VALUES ('noop') RETURNING id")
+                await run_one_after(engine, conn, early, committed=False)
+            await run_one_after(engine, conn, early)  # committed, and still left behind
+            await inserter.execute(
+                "SELECT jobqueue_announce(queue, priority, run_at) FROM jobs WHERE id = $1",
+                early)
+        finally:
+            await inserter.close()
+        await wait_for(lambda: completed(conn, early), timeout=DEADLINE,
+                       message="the announced job to run")
+
+
+async def test_a_job_a_claim_passed_while_someone_held_its_lock_is_run_once_free(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """A caller of wait() reads its job FOR SHARE; a claim at that moment
+    skips it and takes the next. The floor a claim returns stops at the first
+    job it did not take, locked or not, so the next claim finds it."""
+    async with worker(db_url):
+        held = await enqueue_one(engine)
+        await wait_for(lambda: completed(conn, held), timeout=DEADLINE)  # the worker is up
+        locked = await enqueue_one(engine, run_at=dt.datetime.now(dt.UTC)
+                                   + dt.timedelta(seconds=2))
+        reader = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+        try:
+            async with reader.transaction():
+                await reader.execute("SELECT 1 FROM jobs WHERE id = $1 FOR SHARE", locked)
+                await wait_for(lambda: conn.fetchval(
+                    "SELECT run_at <= now() FROM jobs WHERE id = $1", locked),
+                    timeout=DEADLINE, message="the locked job to be due")
+                await run_one_after(engine, conn, locked)
+        finally:
+            await reader.close()
+        await wait_for(lambda: completed(conn, locked), timeout=DEADLINE,
+                       message="the job, once its lock is released, to run")
+
+
+@pytest.mark.parametrize("triggers", [True, False], ids=["announced", "silent"])
+async def test_a_job_set_back_to_pending_by_hand_is_run_again(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection,
+        monkeypatch: pytest.MonkeyPatch, triggers: bool) -> None:
+    """An UPDATE that makes a finished job waiting and due again fires the
+    row trigger, which says where it waits. With triggers off it says
+    nothing; then the worker's look from the front (every DISCOVER_INTERVAL,
+    here a second) finds it and lowers the floor. (One lane, as above.)"""
+    if not triggers:
+        monkeypatch.setattr(book, "DISCOVER_INTERVAL", 1.0)
+    async with worker(db_url, concurrency=1):
+        first = await enqueue_one(engine)
+        await wait_for(lambda: completed(conn, first), timeout=DEADLINE)
+        await run_one_after(engine, conn, first, pending=False)
+        async with conn.transaction():
+            if not triggers:
+                await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute("UPDATE jobs SET status = 'pending', completed_at = NULL "
+                               "WHERE id = $1", first)
+        await wait_for(lambda: completed(conn, first), timeout=DEADLINE,
+                       message="the job set back by hand to run again")
+
+
+async def test_a_new_priority_is_claimed_first_as_soon_as_it_is_announced(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """A priority the worker had not seen is a new arm of its claims."""
+    async with worker(db_url, concurrency=1):
+        low = await enqueue_one(engine)
+        await wait_for(lambda: completed(conn, low), timeout=DEADLINE)
+        async with engine.begin() as s:  # one transaction: both visible at once
+            later = await enqueue(s, "noop", {})
+            urgent = await enqueue(s, "noop", {}, priority=5)
+        await wait_for(lambda: completed(conn, later), timeout=DEADLINE)
+        order = await conn.fetchval(
+            "SELECT array_agg(id ORDER BY completed_at) FROM jobs WHERE id = ANY($1)",
+            [later, urgent])
+    assert order == [urgent, later]
+
+
+# -- the floors' own bookkeeping ----------------------------------------------------
+
+
+def test_an_announced_time_is_read_to_the_microsecond() -> None:
+    at = dt.datetime(2026, 12, 2, 6, 30, 1, 999999, tzinfo=dt.UTC)
+    assert _from_epoch(f"{at.timestamp():.6f}") == at
+    assert _from_epoch("1764657001.5") == dt.datetime(2025, 12, 2, 6, 30, 1, 500000,
+                                                      tzinfo=dt.UTC)
+    assert _from_epoch("-1.25") == dt.datetime(1969, 12, 31, 23, 59, 58, 750000,
+                                               tzinfo=dt.UTC)
+
+
+def test_an_announcement_lowers_every_lane_and_one_during_a_claim_is_not_lost() -> None:
+    floors = Floors()
+    t0 = dt.datetime(2026, 12, 2, tzinfo=dt.UTC)
+    floors.learn("q", 0)
+
+    class Row:
+        def __init__(self, floor: dt.datetime) -> None:
+            self.priority, self.floor, self.floor_id = 0, floor, None
+
+    for lane in (0, 1):
+        floors.arms(lane, "q")
+        floors.advance(lane, "q", [Row(t0 + dt.timedelta(seconds=10))])
+    assert floors.heard(f"{DUE_PREFIX}0:{(t0 + dt.timedelta(seconds=4)).timestamp()}:q")
+    assert [floors.arms(lane, "q").floors for lane in (0, 1)] == [
+        [t0 + dt.timedelta(seconds=4)]] * 2
+    # Lane 0 claims; a job behind its floor is announced before the claim's
+    # rows come back: the floor they bring must not pass it.
+    floors.arms(0, "q")
+    floors.heard(f"{DUE_PREFIX}0:{(t0 + dt.timedelta(seconds=6)).timestamp()}:q:with:colons")
+    floors.heard(f"{DUE_PREFIX}0:{(t0 + dt.timedelta(seconds=5)).timestamp()}:q")
+    floors.advance(0, "q", [Row(t0 + dt.timedelta(seconds=20))])
+    assert floors.arms(0, "q").floors == [t0 + dt.timedelta(seconds=5)]
+    assert floors.groups == {"q": {0}, "q:with:colons": {0}}
+    assert not floors.heard("due:x:y:q") and not floors.heard("")
