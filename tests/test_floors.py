@@ -267,4 +267,11 @@ def test_an_announcement_lowers_every_lane_and_one_during_a_claim_is_not_lost() 
     floors.advance(0, "q", [Row(t0 + dt.timedelta(seconds=20))])
     assert floors.arms(0, "q").floors == [t0 + dt.timedelta(seconds=5)]
     assert floors.groups == {"q": {0}, "q:with:colons": {0}}
+    # However many jobs are announced ahead of it while a claim is on its
+    # way (500 a second is a busy queue's normal), the claim's floor stands.
+    floors.arms(1, "q")
+    for k in range(200):
+        floors.heard(f"{DUE_PREFIX}0:{(t0 + dt.timedelta(seconds=30 + k)).timestamp()}:q")
+    floors.advance(1, "q", [Row(t0 + dt.timedelta(seconds=25))])
+    assert floors.arms(1, "q").floors == [t0 + dt.timedelta(seconds=25)]
     assert not floors.heard("due:x:y:q") and not floors.heard("")

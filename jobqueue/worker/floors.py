@@ -45,7 +45,6 @@ claim reads it from the start. Floors belong to one life of a worker
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import logging
 import uuid
@@ -61,9 +60,6 @@ DISCOVER_INTERVAL = 60.0
 #: How the insert and update triggers say where jobs wait (migration 0007):
 #: ``due:<priority>:<epoch seconds of the earliest run_at>:<queue>``.
 DUE_PREFIX = "due:"
-
-#: Announcements kept per (queue, priority) for claims in progress.
-_HEARD = 64
 
 #: The least id: a floor at a time alone, before every job due then.
 NIL = uuid.UUID(int=0)
@@ -113,13 +109,9 @@ class Floors:
         #: When the last look from the front began (monotonic seconds);
         #: None: not yet in this life.
         self.discovered_at: float | None = None
-        #: Announcements counted, the latest of each pair (count, run_at),
-        #: the count of the latest one no longer kept, and the count when
-        #: each lane's claim in progress began: what `advance` must apply.
-        self._seq = 0
-        self._heard: dict[tuple[str, int], collections.deque[tuple[int, Floor]]] = {}
-        self._forgot: dict[tuple[str, int], int] = {}
-        self._began: dict[int, int] = {}
+        #: For each lane's claim in progress, the lowest place announced in
+        #: each pair since it began: what `advance` must not pass.
+        self._heard: dict[int, dict[tuple[str, int], Floor]] = {}
 
     def learn(self, queue: str, priority: int) -> None:
         self.groups.setdefault(queue, set()).add(priority)
@@ -130,7 +122,7 @@ class Floors:
         the claim began, for `advance`."""
         priorities = sorted(self.groups.get(queue, ()), reverse=True)
         own = self._lanes.get(lane, {})
-        self._began[lane] = self._seq
+        self._heard[lane] = {}
         floors = [own.get((queue, p)) for p in priorities]
         return Arms(priorities, [f and f[0] for f in floors], [f and f[1] for f in floors])
 
@@ -140,16 +132,14 @@ class Floors:
         there — or lower, where an announcement came while the claim ran
         (its job committed after the claim's snapshot was taken)."""
         own = self._lanes.setdefault(lane, {})
-        began = self._began.get(lane, 0)
+        heard = self._heard.pop(lane, {})
         for row in rows:
             if row.floor is None:
                 continue
             key = (queue, row.priority)
-            if self._forgot.get(key, -1) > began:
-                continue  # too many announcements since to tell: keep the old floor
             floor = (row.floor, row.floor_id or NIL)
-            heard = [at for seq, at in self._heard.get(key, ()) if seq > began]
-            own[key] = min(floor, *heard) if heard else floor
+            low = heard.get(key)
+            own[key] = floor if low is None else min(floor, low)
 
     def lower(self, queue: str, priority: int, at: dt.datetime, job_id: uuid.UUID = NIL,
               lane: int | None = None) -> None:
@@ -159,11 +149,9 @@ class Floors:
         lanes = self._lanes.values() if lane is None else [self._lanes.get(lane, {})]
         key, low = (queue, priority), (at, job_id)
         if lane is None:
-            self._seq += 1
-            heard = self._heard.setdefault(key, collections.deque())
-            if len(heard) == _HEARD:
-                self._forgot[key] = heard.popleft()[0]
-            heard.append((self._seq, low))
+            for heard in self._heard.values():  # claims on their way: see `advance`
+                if key not in heard or heard[key] > low:
+                    heard[key] = low
         for own in lanes:
             floor = own.get(key)
             if floor is not None and floor > low:
