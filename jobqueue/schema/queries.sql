@@ -98,7 +98,7 @@ WITH arm AS (
         WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
           AND (run_at, id) >= (a.at, a.id)
           AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
-          AND id <> ALL(ARRAY(SELECT id FROM due))
+          AND id NOT IN (SELECT id FROM due)  -- hashed: one probe a row
         ORDER BY run_at, id
         LIMIT 1) AS w ON true
     WHERE a.priority IN (SELECT priority FROM due)
@@ -153,7 +153,7 @@ WITH arm AS (
         WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
           AND (run_at, id) >= (a.at, a.id)
           AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
-          AND id <> ALL(ARRAY(SELECT id FROM taken))
+          AND id NOT IN (SELECT id FROM taken)  -- hashed: one probe a row
         ORDER BY run_at, id
         LIMIT 1) AS w ON true
     WHERE a.priority IN (SELECT priority FROM taken)
