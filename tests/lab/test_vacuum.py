@@ -7,6 +7,7 @@ goes back to where its insert said it waits."""
 from __future__ import annotations
 
 import asyncpg
+import pytest
 import matplotlib
 
 from jobqueue.lab import vacuum
@@ -38,6 +39,7 @@ def test_the_lessons_claim_is_the_workers_take() -> None:
     assert vacuum.claim_values(None, 10)["floors"] == [None]
 
 
+@pytest.mark.serial  # a transaction of any test beside it holds the horizon too
 async def test_a_held_xid_keeps_every_dead_version_until_it_ends(labelled: Labelled) -> None:
     conns, flow, xid = await held_flow(labelled)
     worker = conns["worker"]
