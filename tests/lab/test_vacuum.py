@@ -7,8 +7,8 @@ goes back to where its insert said it waits."""
 from __future__ import annotations
 
 import asyncpg
-import pytest
 import matplotlib
+import pytest
 
 from jobqueue.lab import vacuum
 from jobqueue.ops import horizon
