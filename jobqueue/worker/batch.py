@@ -54,13 +54,18 @@ class Claimed:
         """Claim up to `limit` due jobs of `queue`, then begin the batch's
         transaction. `arms`: the queue's priorities and the lane's floor in
         each (`floors.py`; the limited and lone claims read from the front)."""
-        rows = await self._claim(raw, limit=limit, worker_id=worker_id, queue=queue,
-                                 job_types=job_types, **arms._asdict())
+        rows = await self.claimed(raw, limit, worker_id, queue, job_types, arms)
         if not rows:
             return None
         tx = raw.transaction()
         await tx.start()
         return Started(tx, list(map(ClaimedJob._make, rows)))
+
+    async def claimed(self, raw: Any, limit: int, worker_id: int, queue: str,
+                      job_types: list[str], arms: Arms) -> list[Any]:
+        """The claim itself, committed (this kind's statement)."""
+        return await self._claim(raw, limit=limit, worker_id=worker_id, queue=queue,
+                                 job_types=job_types, **arms._asdict())
 
     async def _claim(self, raw: Any, **values: Any) -> list[Any]:
         if not values["priorities"]:

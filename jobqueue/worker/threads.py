@@ -372,8 +372,7 @@ class _ClaimOnly(Claimed):
 
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
                     job_types: list[str], arms: Arms) -> Started | None:
-        rows = await self._claim(raw, limit=limit, worker_id=worker_id, queue=queue,
-                                 job_types=job_types, **arms._asdict())
+        rows = await self.claimed(raw, limit, worker_id, queue, job_types, arms)
         return Started(None, list(map(ClaimedJob._make, rows))) if rows else None
 
 
