@@ -397,3 +397,33 @@ async def test_one_savepoint_hungry_job_does_not_shrink_later_batches(
     _, report = await run(db_url, registry)
     assert seen and all(over for _, over in seen)  # it did overflow, alone in its batch
     assert report["processed"] == 301 and report["batches"] <= 10
+
+
+async def test_a_handler_that_updates_its_own_job_still_completes_it_once(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """A quick batch records its jobs where `take` found their rows
+    (`complete_taken`); a handler that wrote its own job's row moved it. That
+    job is recorded by id instead, with its handler's write kept, and its
+    batch-mates by where they were; nothing is rolled back or run twice."""
+    registry = HandlerRegistry()
+    runs: Counter[uuid.UUID] = Counter()
+
+    @registry.register("touch_own")
+    async def touch_own(session: AsyncSession, payload: dict[str, Any]) -> None:
+        runs[current_job().id] += 1
+        if payload["touch"]:
+            await session.execute(text("UPDATE jobs SET payload = payload || '{\"seen\": 1}' "
+                                       "WHERE id = :id"), {"id": current_job().id})
+
+    ids = []
+    async with engine.begin() as s:
+        for i in range(6):
+            ids.append(await enqueue(s, "touch_own", {"touch": i % 3 == 1}))
+    _, report = await run(db_url, registry)
+    assert report["processed"] == 6 and report["rerun"] == 0
+    assert report["batches"] < 6  # batches of several jobs, so moved rows had batch-mates
+    rows = {r["id"]: r for r in await conn.fetch("SELECT id, status, payload FROM jobs")}
+    assert all(runs[job_id] == 1 for job_id in ids)
+    for i, job_id in enumerate(ids):
+        assert rows[job_id]["status"] == "completed"
+        assert ("seen" in rows[job_id]["payload"]) == (i % 3 == 1)

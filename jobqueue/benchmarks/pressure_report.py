@@ -329,11 +329,13 @@ def goal_lines(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
     rows = _rows(df, "jobqueue")
     if rows.empty:
         return []
-    base, pinned = _baseline(rows), rows[rows["pinned"].astype(bool)]
+    base, all_pinned = _baseline(rows), rows[rows["pinned"].astype(bool)]
+    # The goal is at the base rate: a pinned phase of extra load is its own question.
+    pinned = all_pinned[all_pinned["load"].isna()]
     if pinned.empty or pd.isna(base["complete_p99_ms"]) or pinned["complete_p99_ms"].isna().all():
         return ["- Not measurable in this run: its phases carry no p99 (smoke size)."]
-    held = pinned["seconds"].sum()
-    arrived = pinned["arrivals"].sum() / held
+    held = all_pinned["seconds"].sum()
+    arrived = pinned["arrivals"].sum() / pinned["seconds"].sum()
     size = ("" if held >= GOAL_PINNED_S and arrived >= 0.95 * GOAL_RATE else
             f" (this run: pinned {held:,.0f} s with jobs arriving at {arrived:,.0f} jobs/s "
             f"on average; the goal says {GOAL_PINNED_S:,.0f} s at {GOAL_RATE:,.0f})")
@@ -343,6 +345,10 @@ def goal_lines(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
              f"{_ms(worst['complete_p99_ms'])} ms in {worst['phase']} against "
              f"{_ms(base['complete_p99_ms'])} ms, {ratio:,.1f}×: "
              f"{'met' if ratio <= GOAL_FACTOR else 'not met'}."]
+    for _, r in all_pinned[all_pinned["load"].notna()].iterrows():
+        lines.append(f"- Not part of that goal, the pinned phase at {r['load']:g}× load "
+                     f"({r['rate']:,.0f} jobs/s): p99 {_ms(r['complete_p99_ms'])} ms, "
+                     f"{r['complete_p99_ms'] / base['complete_p99_ms']:,.1f}× the baseline's.")
     others = [s for s in _systems(df) if s != "jobqueue"]
     if others:
         parts, ok = [], True

@@ -110,7 +110,7 @@ WITH arm AS (
     RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
               j.max_retries, j.timeout, j.priority, j.run_at
 )
-SELECT c.*, n.floor, n.floor_id
+SELECT c.*, n.floor, n.floor_id, CAST(NULL AS tid) AS tid
 FROM claimed AS c JOIN next AS n ON n.priority = c.priority
 ORDER BY c.priority DESC, c.run_at, c.id;
 
@@ -131,7 +131,7 @@ WITH arm AS (
 ), taken AS MATERIALIZED (
     SELECT t.*
     FROM arm AS a CROSS JOIN LATERAL (
-        SELECT id, job_type, payload, retry_count, max_retries, timeout, priority, run_at
+        SELECT id, job_type, payload, retry_count, max_retries, timeout, priority, run_at, ctid
         FROM jobs
         WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
           AND (run_at, id) >= (a.at, a.id) AND run_at <= now()
@@ -159,7 +159,7 @@ WITH arm AS (
     WHERE a.priority IN (SELECT priority FROM taken)
 )
 SELECT t.id, t.job_type, CAST(t.payload AS text) AS payload, t.retry_count, t.max_retries,
-       t.timeout, t.priority, t.run_at, n.floor, n.floor_id
+       t.timeout, t.priority, t.run_at, n.floor, n.floor_id, t.ctid AS tid
 FROM taken AS t JOIN next AS n ON n.priority = t.priority
 ORDER BY t.priority DESC, t.run_at, t.id;
 
@@ -207,7 +207,8 @@ WITH q AS (
     WHERE j.id = due.id
     RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
               j.max_retries, j.timeout, j.priority, j.run_at,
-              CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id
+              CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id,
+              CAST(NULL AS tid) AS tid
 ), counted AS (
     UPDATE jobqueue_queues AS s
     SET window_start = q.window_now,
@@ -276,7 +277,8 @@ SELECT name, paused, concurrency, rate_limit, rate_period FROM jobqueue_queues;
 -- not commit is rerun one job per transaction; meanwhile another worker may
 -- have tried one and scheduled its retry for later).
 SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout,
-       priority, run_at, CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id
+       priority, run_at, CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id,
+       ctid AS tid
 FROM jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
   AND run_at <= now()
@@ -314,6 +316,32 @@ WHERE j.id = d.id
   AND CASE WHEN :taken THEN j.status IN ('pending', 'retrying')
            ELSE j.status = 'processing' AND j.worker_id = :worker_id END
 RETURNING CAST(extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at))
+               AS float8) AS latency,
+          CASE WHEN EXISTS (SELECT FROM jobqueue_waiters)
+                    AND EXISTS (SELECT FROM jobqueue_waiters AS w WHERE w.job_id = j.id)
+               THEN pg_notify('jobqueue_done', CAST(j.id AS text)) END AS told;
+
+-- complete_taken --
+-- `complete` for a quick batch (`take`), each job found at the row version
+-- `take` locked (:tids): nobody else can change it before this transaction
+-- ends, so it is still there, and one heap fetch a job finds it (a TID scan
+-- per row of the list). Not by id: matched with the list, the planner may
+-- read the rows through idx_jobs_pickable or all of the table instead, and
+-- while vacuum is held back that index holds an entry for every job waiting
+-- since, dead to everyone but not yet removable, which its statistics do not
+-- count; the batches' completion then grew with the pin (20-120 ms a batch
+-- at 500 jobs/s after 5 minutes, each time an ANALYZE tipped the plan). A
+-- job whose row this transaction changed itself (a handler that updated its
+-- own job) is not at its old address any more and comes back missing: the
+-- lane records it with `complete`. Returns each job found, as `complete` does.
+UPDATE jobs AS j
+SET status = 'completed', completed_at = statement_timestamp(), next_retry_at = NULL,
+    result = CAST(d.result AS jsonb), worker_id = :worker_id, started_at = now()
+FROM unnest(CAST(:ids AS uuid[]), CAST(:results AS text[]), CAST(:tids AS tid[]))
+    AS d(id, result, tid)
+WHERE j.ctid = d.tid AND j.id = d.id
+RETURNING j.id,
+          CAST(extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at))
                AS float8) AS latency,
           CASE WHEN EXISTS (SELECT FROM jobqueue_waiters)
                     AND EXISTS (SELECT FROM jobqueue_waiters AS w WHERE w.job_id = j.id)
@@ -564,7 +592,8 @@ WITH q AS (
     WHERE j.id = due.id
     RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
               j.max_retries, j.timeout, j.priority, j.run_at,
-              CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id
+              CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id,
+              CAST(NULL AS tid) AS tid
 ), counted AS (
     UPDATE jobqueue_queues AS s
     SET window_start = q.window_now,

@@ -90,6 +90,10 @@ class ClaimedJob(NamedTuple):
     #: statement that does not say.
     floor: dt.datetime | None
     floor_id: uuid.UUID | None
+    #: Where its row version is (block, offset), from `take`/`retake`: a job
+    #: locked by its batch's own transaction stays there until recorded
+    #: (`complete_taken`); None from the statements that commit at once.
+    tid: tuple[int, int] | None
 
     @property
     def attempt(self) -> int:

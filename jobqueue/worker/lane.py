@@ -434,7 +434,7 @@ class Lane:
             if started.xid is not None:
                 await life.record_batch(self.number, started.xid, [job.id for job in jobs])
             await self._run_jobs(conn, session, jobs, batch, isolated, decided, outcomes)
-            latencies = await self._record(outcomes, batch)
+            latencies = await self._record(outcomes, batch, jobs)
             await tx.commit()
         except Rerun as rerun:
             await rollback(tx)
@@ -539,7 +539,7 @@ class Lane:
         delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
         out.failure(job.id, error_text(exc), retry=retry, delay=delay)
         try:
-            await self._record(out, batch)
+            await self._record(out, batch, [job])
             await tx.commit()
         except BaseException:
             await rollback(tx)
@@ -733,16 +733,13 @@ class Lane:
                                "job_type": job.job_type, "attempt": job.attempt,
                                "duration_ms": ms, "worker_id": worker_id})
 
-    async def _record(self, out: Outcomes, batch: BatchKind) -> list[float]:
+    async def _record(self, out: Outcomes, batch: BatchKind, jobs: list[ClaimedJob]
+                      ) -> list[float]:
         """Write a batch's outcomes in its transaction; the successes' latencies."""
         raw, worker_id, taken = self.raw, self.worker_id, batch.taken
         latencies: list[float] = []
         if out.done_ids:
-            rows = await queries["complete"].fetch(
-                raw, ids=out.done_ids, results=out.results, worker_id=worker_id, taken=taken)
-            if len(rows) != len(out.done_ids):
-                raise LostOwnership
-            latencies = [row[0] for row in rows]
+            latencies = await self._complete(out, taken, jobs)
         if out.failed_ids:
             rows = await queries["fail"].fetch(
                 raw, ids=out.failed_ids, errors=out.errors, delays=out.delays,
@@ -758,6 +755,31 @@ class Lane:
         if unfinished:
             await queries["hand_back"].fetch(raw, ids=unfinished, worker_id=worker_id)
         return latencies
+
+    async def _complete(self, out: Outcomes, taken: bool, jobs: list[ClaimedJob]) -> list[float]:
+        """Record the successes (`complete`); a taken batch's by where `take`
+        found their rows (`complete_taken`), and by id only those whose row
+        moved since (a handler that updated its own job)."""
+        raw, worker_id = self.raw, self.worker_id
+        ids, results = out.done_ids, out.results
+        latencies: list[float] = []
+        tid_of = {job.id: job.tid for job in jobs} if taken else {}
+        if tid_of and all(tid_of.get(job_id) is not None for job_id in ids):
+            rows = await queries["complete_taken"].fetch(
+                raw, ids=ids, results=results, tids=[tid_of[job_id] for job_id in ids],
+                worker_id=worker_id)
+            latencies = [row["latency"] for row in rows]
+            if len(rows) == len(ids):
+                return latencies
+            found = {row["id"] for row in rows}
+            moved = [(job_id, result) for job_id, result in zip(ids, results, strict=True)
+                     if job_id not in found]
+            ids, results = [job_id for job_id, _ in moved], [result for _, result in moved]
+        rows = await queries["complete"].fetch(
+            raw, ids=ids, results=results, worker_id=worker_id, taken=taken)
+        if len(rows) != len(ids):
+            raise LostOwnership
+        return latencies + [row[0] for row in rows]
 
 
 def _what_happened(outcome: Decided | None) -> str:

@@ -132,3 +132,29 @@ async def test_a_producer_that_falls_behind_drops_arrivals_rather_than_sending_t
     release.set()
     await asyncio.gather(*calls)
     assert sender.pending == 0
+
+
+def test_the_goal_is_judged_at_the_base_rate_and_the_load_phase_said_apart() -> None:
+    """The goal is p99 within 3× baseline while pinned at 500 jobs/s: the
+    pinned phase of extra load is reported beside it, not judged with it."""
+    import pandas as pd
+
+    from jobqueue.benchmarks import pressure_report
+
+    def row(order: int, phase: str, p99: float, pinned: bool, load: float | None = None
+            ) -> dict[str, Any]:
+        return {"system": "jobqueue", "order": order, "phase": phase, "seconds": 300.0,
+                "start_s": 300.0 * (order - 1), "end_s": 300.0 * order,
+                "pinned": pinned, "load": load, "rate": 500.0 * (load or 1),
+                "arrivals": 150_000 * (load or 1), "complete_p99_ms": p99}
+
+    df = pd.DataFrame([row(1, "baseline", 10.0, False), row(2, "readers", 25.0, True),
+                       row(3, "load", 90.0, True, 2.0), row(4, "recovery", 11.0, False)])
+    timeline = pd.DataFrame([{"system": "jobqueue", "t": t, "phase": p, "complete_p99_ms": 9.0}
+                             for t, p in ((0, "baseline"), (5, "baseline"), (900, "recovery"),
+                                          (905, "recovery"))])
+    text = "\n".join(pressure_report.goal_lines(df, timeline))
+    assert "worst 25.0 ms in readers against 10.0 ms, 2.5×: met" in text, text
+    assert "2× load (1,000 jobs/s): p99 90.0 ms, 9.0× the baseline's" in text, text
+    df.loc[1, "complete_p99_ms"] = 31.0
+    assert "3.1×: not met" in "\n".join(pressure_report.goal_lines(df, timeline))
