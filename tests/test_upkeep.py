@@ -4,6 +4,7 @@ each driven one tick at a time with a config and a connection, no runner."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import asyncpg
@@ -181,3 +182,46 @@ def test_a_canceled_statement_is_not_a_lost_connection() -> None:
 
     assert not is_connection_error(asyncpg.QueryCanceledError("canceling statement"))
     assert is_connection_error(asyncpg.AdminShutdownError("terminating connection"))
+
+
+async def test_under_a_held_horizon_the_rescue_reads_only_the_ledger_of_the_gone(
+        conn: asyncpg.Connection, db_url: str) -> None:
+    """A live worker's lane has written 20,000 batches to the ledger (each row
+    replacing the last, as `record_batch` does) while vacuum was held back:
+    the rescue still finds and settles the one row of a worker that is gone,
+    and reads a few pages, not the ledger's dead versions."""
+    live = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+    holder = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+    try:
+        await live.execute("SELECT pg_advisory_lock($1, 7)", WORKER_LOCK_CLASS)  # worker 7 lives
+        await holder.execute("BEGIN")
+        await holder.fetchval("SELECT pg_current_xact_id()")
+        await conn.execute("""
+            DO $$ DECLARE previous tid; BEGIN
+              FOR i IN 1..20000 LOOP
+                DELETE FROM jobqueue_batches WHERE ctid = previous;
+                INSERT INTO jobqueue_batches (worker_id, lane, xid, job_ids)
+                VALUES (7, 0, i, '{}') RETURNING ctid INTO previous;
+              END LOOP;
+            END $$""")
+        tx = conn.transaction()  # worker 5's last batch, which never committed
+        await tx.start()
+        aborted = int(await conn.fetchval(
+            "SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint)"))
+        await tx.rollback()
+        await conn.execute("INSERT INTO jobqueue_batches (worker_id, lane, xid, job_ids) "
+                           "VALUES (5, 0, $1, '{}')", aborted)
+        pages = await conn.fetchval("SELECT pg_relation_size('jobqueue_batches') / 8192")
+        assert pages > 100  # the dead versions are there to be stepped over
+        rescue = queries["rescue"]
+        plan = await conn.fetchval(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + rescue.positional,
+            *rescue.args({"worker_lock_class": WORKER_LOCK_CLASS, "base": 1.0, "factor": 2.0,
+                          "cap": 60.0}))
+        top = json.loads(plan)[0]["Plan"]
+        left = {r["worker_id"] for r in await conn.fetch("SELECT worker_id FROM jobqueue_batches")}
+    finally:
+        await holder.close()
+        await live.close()
+    assert left == {7}  # worker 5's row settled, the live worker's kept
+    assert top["Shared Hit Blocks"] + top.get("Shared Read Blocks", 0) < 60, top

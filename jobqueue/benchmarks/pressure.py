@@ -405,10 +405,15 @@ async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
                     await sampler
                 await probe_conn.close()
         total = sum(len(x) for x in sent.lateness) - sum(sent.dropped)
-        await running.wait_completed(total, timeout=config.settle)
+        try:
+            await running.wait_completed(total, timeout=config.settle)
+        except TimeoutError:  # a system that fell behind for good: said, not fatal
+            logger.warning("%s: jobs still waiting %.0f s after the last phase", system,
+                           config.settle)
         times = await running.times()
         args = running.args
-    tags = {"system": system, "argv": shlex.join(args), "settings": peers.label(system, args)}
+    tags = {"system": system, "argv": shlex.join(args), "settings": peers.label(system, args),
+            "unfinished": max(0, total - len(times))}
     return {"rows": [{**tags, **row} for row in phase_rows(config, rates, rate, sent, times,
                                                           ticks)],
             "timeline": [{**tags, **row}

@@ -255,6 +255,11 @@ def findings(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
         if release is not None:
             line += (f" After the release, p99 {_ms(release['complete_p99_ms'])} ms in "
                      f"{release['phase']}" + _back(back) + ".")
+        unfinished = int(base.get("unfinished", 0) or 0)
+        if unfinished:
+            line += (f" {_count(unfinished)} of its jobs had not completed when the run stopped "
+                     "waiting for them, after the last phase: its latencies count only the "
+                     "jobs that did, a lower bound.")
         lines.append(line)
         for _, r in rows[rows["load"].notna()].iterrows():
             cap = " (capped at the producer's limit)" if r["capped"] else ""

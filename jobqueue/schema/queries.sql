@@ -473,24 +473,43 @@ FROM left_behind;
 -- `run_alone`, so that each runs next with nothing beside it and a death
 -- then names it. A dead worker with a batch still `in progress` (a lane
 -- `reap` could not end yet) is left for the next tick, whole.
-WITH live AS MATERIALIZED (
+--
+-- The ledger is read only for workers that are gone. Each lane inserts a row
+-- per batch and deletes its previous one, so while vacuum is held back the
+-- ledger holds a dead version for every batch since; a pass over it, every
+-- tick, grew with them. `ledger` finds the workers that have rows instead,
+-- one probe each: a backward scan of the primary key (worker_id, lane, xid)
+-- meets a worker's newest row first, which is live (xids only grow), and
+-- the next probe jumps below that worker's id. The rows of the gone are then
+-- read by key (`= ANY(ARRAY(…))`: an index scan of those ids, whatever the
+-- statistics say of a table that is mostly dead versions).
+WITH RECURSIVE live AS MATERIALIZED (
     SELECT CAST(objid AS bigint) AS worker_id
     FROM pg_locks
     WHERE locktype = 'advisory' AND granted AND objsubid = 2
       AND classid = CAST(:worker_lock_class AS oid)
       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), ledger AS (
+    (SELECT worker_id FROM jobqueue_batches ORDER BY worker_id DESC, lane DESC, xid DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT b.worker_id FROM jobqueue_batches AS b
+            WHERE b.worker_id < l.worker_id
+            ORDER BY b.worker_id DESC, b.lane DESC, b.xid DESC LIMIT 1)
+    FROM ledger AS l
+    WHERE l.worker_id IS NOT NULL
 ), batches AS MATERIALIZED (
     SELECT b.worker_id, pg_xact_status(CAST(CAST(b.xid AS text) AS xid8)) AS ended
     FROM jobqueue_batches AS b
-    WHERE b.worker_id NOT IN (SELECT worker_id FROM live)
+    WHERE b.worker_id = ANY(ARRAY(SELECT worker_id FROM ledger
+                                  WHERE worker_id NOT IN (SELECT worker_id FROM live)))
 ), unsettled AS MATERIALIZED (
     SELECT DISTINCT worker_id FROM batches WHERE ended = 'in progress'
 ), gone AS (
     -- Deleting the ledger rows decides who handles them: a rescue running at
     -- the same moment finds them deleted and leaves their jobs alone.
     DELETE FROM jobqueue_batches AS b
-    WHERE b.worker_id IN (SELECT worker_id FROM batches)
-      AND b.worker_id NOT IN (SELECT worker_id FROM unsettled)
+    WHERE b.worker_id = ANY(ARRAY(SELECT worker_id FROM batches
+                                  WHERE worker_id NOT IN (SELECT worker_id FROM unsettled)))
     RETURNING b.worker_id, b.job_ids,
               pg_xact_status(CAST(CAST(b.xid AS text) AS xid8)) AS ended
 ), held AS MATERIALIZED (
