@@ -732,11 +732,12 @@ class IdleWorker:
                        message=f"every {self.system} job completed")
 
     async def times(self) -> list[tuple[float, float, float]]:
-        """Each job's (enqueued, started, completed) epoch seconds, from the
-        system's own timestamps, the first job left out."""
+        """Each completed job's (enqueued, started, completed) epoch seconds,
+        from the system's own timestamps, the first job left out (a system's
+        query may give its unfinished jobs too, without a completion time)."""
         rows = await self.conn.fetch(self.peer.latency_sql, self.warm_id)
         return [(float(r["enqueued"]), float(r["started"]), float(r["completed"]))
-                for r in rows]
+                for r in rows if r["completed"] is not None and r["started"] is not None]
 
 
 @contextlib.asynccontextmanager
