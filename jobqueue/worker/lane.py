@@ -772,9 +772,8 @@ class Lane:
             if len(rows) == len(ids):
                 return latencies
             found = {row["id"] for row in rows}
-            moved = [(job_id, result) for job_id, result in zip(ids, results, strict=True)
-                     if job_id not in found]
-            ids, results = [job_id for job_id, _ in moved], [result for _, result in moved]
+            moved = [i for i, job_id in enumerate(ids) if job_id not in found]
+            ids, results = [ids[i] for i in moved], [results[i] for i in moved]
         rows = await queries["complete"].fetch(
             raw, ids=ids, results=results, worker_id=worker_id, taken=taken)
         if len(rows) != len(ids):
