@@ -110,17 +110,20 @@ async def test_slow_jobs_after_fast_ones_end_the_quick_batch_early(
     engine: AsyncEngine, db_url: str
 ) -> None:
     """The lane's first job is fast, so it takes the next ten in a quick batch;
-    they take 0.2 s each: the batch stops after the first and the rest are
-    claimed one at a time, shown `processing`."""
+    they take 0.6 s each: the batch stops after the first and the rest are
+    claimed one at a time, shown `processing`. (A 0.15-s quick batch, not the
+    50-ms default: a loaded machine can make the first, fast job slower than
+    50 ms, and then there is no quick batch to stop. One slow job must lift
+    the lane's running pace, 30 % the newest batch, past it: 0.3 × 0.6 s.)"""
     seen: list[str] = []
     registry = status_recorder(seen)
-    registry.add("slow_look", status_recorder(seen, sleep=0.2).get("look"))  # type: ignore[arg-type]
+    registry.add("slow_look", status_recorder(seen, sleep=0.6).get("look"))  # type: ignore[arg-type]
 
     async with engine.begin() as s:
         await enqueue(s, "look", {})
     async with engine.begin() as s:
         await enqueue_many(s, "slow_look", [{} for _ in range(10)])
-    report = await drain(db_url, registry=registry)
+    report = await drain(db_url, registry=registry, quick_batch=0.15)
     assert report["processed"] == 11
     assert seen[:2] == ["processing", "pending"]  # claimed to learn; then a quick batch
     assert seen[2:] == ["processing"] * 9  # that batch stopped after one slow job
