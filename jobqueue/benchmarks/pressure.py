@@ -669,9 +669,13 @@ async def close_databases(systems: Sequence[str], prefix: str = "pressure") -> N
 
 
 async def comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]],
-                     config: Config) -> tuple[list[dict[str, Any]], ...]:
+                     config: Config, keep: Callable[..., None] | None = None
+                     ) -> tuple[list[dict[str, Any]], ...]:
     """`run` for every setup whose system is installed, one after another:
-    (rows, timeline, waits) of all of them."""
+    (rows, timeline, waits) of all of them. `keep(rows, timeline, waits)` is
+    called with what is done so far after each system: a full run takes the
+    better part of an hour a system, and a peer that fails late must not
+    take the systems before it down with it."""
     setups = peers.runnable(setups)
     rows: list[dict[str, Any]] = []
     timeline: list[dict[str, Any]] = []
@@ -684,6 +688,8 @@ async def comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]
             rows += result["rows"]
             timeline += result["timeline"]
             waits += result["waits"]
+            if keep is not None:
+                keep(rows, timeline, waits)
     return rows, timeline, waits
 
 

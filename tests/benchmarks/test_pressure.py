@@ -158,3 +158,22 @@ def test_the_goal_is_judged_at_the_base_rate_and_the_load_phase_said_apart() -> 
     assert "2× load (1,000 jobs/s): p99 90.0 ms, 9.0× the baseline's" in text, text
     df.loc[1, "complete_p99_ms"] = 31.0
     assert "3.1×: not met" in "\n".join(pressure_report.goal_lines(df, timeline))
+
+
+async def test_a_system_that_fails_leaves_the_systems_before_it_kept(bench_url: str) -> None:
+    """The second system cannot even connect (its database is not there): the
+    first's rows were handed to `keep` before the run failed."""
+    if not peers.available("pgqueuer"):
+        pytest.skip("pgqueuer is not installed")
+    config = pressure.Config(phases=pressure.phases(PHASES[:1] + PHASES[-1:]), rate=40,
+                             sustained={"jobqueue": 500, "pgqueuer": 500}, window=0.5,
+                             warmup=0.2, settle=60)
+    missing = bench_url.replace("/jobqueue_bench_", "/jobqueue_no_such_database_", 1)
+    assert missing != bench_url
+    kept: list[list[str]] = []
+    with pytest.raises(asyncpg.InvalidCatalogNameError):
+        await pressure.comparison(
+            {"jobqueue": bench_url, "pgqueuer": missing},
+            [{"system": "jobqueue", "flags": []}, {"system": "pgqueuer", "batch_size": 100}],
+            config, lambda rows, timeline, waits: kept.append([r["system"] for r in rows]))
+    assert kept == [["jobqueue", "jobqueue"]]  # its two phases, saved before the failure
