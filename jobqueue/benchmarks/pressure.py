@@ -668,18 +668,22 @@ async def close_databases(systems: Sequence[str], prefix: str = "pressure") -> N
         await scenarios.close_bench(_database(system, prefix))
 
 
+#: What a pressure run gives: one dict a row.
+Rows = list[dict[str, Any]]
+
+
 async def comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]],
-                     config: Config, keep: Callable[..., None] | None = None
-                     ) -> tuple[list[dict[str, Any]], ...]:
+                     config: Config, keep: Callable[[Rows, Rows, Rows], None] | None = None
+                     ) -> tuple[Rows, Rows, Rows]:
     """`run` for every setup whose system is installed, one after another:
     (rows, timeline, waits) of all of them. `keep(rows, timeline, waits)` is
     called with what is done so far after each system: a full run takes the
     better part of an hour a system, and a peer that fails late must not
     take the systems before it down with it."""
     setups = peers.runnable(setups)
-    rows: list[dict[str, Any]] = []
-    timeline: list[dict[str, Any]] = []
-    waits: list[dict[str, Any]] = []
+    rows: Rows = []
+    timeline: Rows = []
+    waits: Rows = []
     with scenarios.progress(len(setups) * (len(config.phases) + 1), "pressure") as bar:
         for setup in setups:
             system = setup["system"]
