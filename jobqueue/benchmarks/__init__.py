@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -90,9 +91,12 @@ def run_stamp() -> dict[str, str]:
             "commit": os.environ.get(COMMIT_ENV) or checkout_commit()}
 
 
-def save(rows: list[dict[str, Any]], name: str, context: dict[str, str]) -> Path:
+def save(rows: list[dict[str, Any]], name: str, context: dict[str, str],
+         columns: Sequence[str] | None = None) -> Path:
     """Write `rows` to `<results_dir>/<name>.csv`, machine, settings and the run
-    (`run_stamp`) first as `# key: value` lines (read back with `load`)."""
+    (`run_stamp`) first as `# key: value` lines (read back with `load`).
+    `columns` is the header to write when `rows` may be empty (a run that saw
+    no wait events): without one, `load` could not read the file back."""
     import pandas as pd
 
     path = results_dir() / f"{name}.csv"
@@ -101,7 +105,7 @@ def save(rows: list[dict[str, Any]], name: str, context: dict[str, str]) -> Path
                            "written": datetime.now(UTC).isoformat(timespec="seconds"),
                            "size": size()}.items():
             f.write(f"# {key}: {value}\n")
-        pd.DataFrame(rows).to_csv(f, index=False)
+        pd.DataFrame(rows, columns=None if rows else columns).to_csv(f, index=False)
     return path
 
 

@@ -412,8 +412,8 @@ async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
                            config.settle)
         times = await running.times()
         args = running.args
-    tags = {"system": system, "argv": shlex.join(args), "settings": peers.label(system, args),
-            "unfinished": max(0, total - len(times))}
+    tags = dict(zip(TAG_COLUMNS, (system, shlex.join(args), peers.label(system, args),
+                                  max(0, total - len(times))), strict=True))
     return {"rows": [{**tags, **row} for row in phase_rows(config, rates, rate, sent, times,
                                                           ticks)],
             "timeline": [{**tags, **row}
@@ -633,6 +633,12 @@ def timeline_rows(config: Config, bounds: Sequence[float],
              "jobs": len(enqueued[w]), "completed_per_s": done[w] / step,
              **_latencies(enqueued[w]), **_tables(last[w]), **_holder(last[w]),
              "readers_seen": readers[w]} for w in range(count)]
+
+
+#: What tags every row of a run (`run`), and the columns of its `waits`:
+#: the waits file is written with them even when a run saw no wait event.
+TAG_COLUMNS = ("system", "argv", "settings", "unfinished")
+WAIT_COLUMNS = (*TAG_COLUMNS, "phase", "wait", "count")
 
 
 def wait_rows(phase_list: Sequence[Phase], bounds: Sequence[float],

@@ -94,7 +94,7 @@ def waits_table(waits: pd.DataFrame, top: int = 5) -> pd.DataFrame:
         rows.append({"system": SYSTEM_NAMES.get(str(system), system), "phase": phase,
                      "wait events (samples)": ", ".join(
                          f"{w} {int(n)}" for w, n in zip(g["wait"], g["count"], strict=True))})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["system", "phase", "wait events (samples)"])
 
 
 def _bands(ax: Any, phases: pd.DataFrame, label: bool) -> None:

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from jobqueue import db
-from jobqueue.benchmarks import peers, pressure, save, scenarios
+from jobqueue.benchmarks import load, peers, pressure, pressure_report, save, scenarios
 from jobqueue.benchmarks.report import render
 from jobqueue.ops import horizon
 from jobqueue.testing import wait_for
@@ -177,3 +177,15 @@ async def test_a_system_that_fails_leaves_the_systems_before_it_kept(bench_url: 
             [{"system": "jobqueue", "flags": []}, {"system": "pgqueuer", "batch_size": 100}],
             config, lambda rows, timeline, waits: kept.append([r["system"] for r in rows]))
     assert kept == [["jobqueue", "jobqueue"]]  # its two phases, saved before the failure
+
+
+def test_a_run_that_saw_no_wait_event_still_reads_back() -> None:
+    """A short run can sample only idle backends (CI's did): its waits file
+    must still load and tabulate, as an empty table."""
+    idle = [{"at": 0.5, "waits": {}}, {"at": 1.0, "waits": {}}]  # samples of idle backends
+    assert pressure.wait_rows(pressure.phases(pressure.PHASES), [0.0], idle) == []
+    save([], "test_pressure_waits", {}, pressure.WAIT_COLUMNS)
+    waits, _ = load("test_pressure_waits")
+    assert list(waits.columns) == list(pressure.WAIT_COLUMNS)
+    table = pressure_report.waits_table(waits)
+    assert table.empty and "wait events (samples)" in table.columns
