@@ -144,7 +144,9 @@ async def wait(job_id: uuid.UUID | str, *, timeout: float | None,
     if it reaches this job's row only after `wait` has read it, nothing is
     sent. A quick batch cannot do that (its jobs are locked before the
     statement starts, and the read waits for the lock); a batch of claimed
-    jobs can, within the few milliseconds one statement takes. For that,
+    jobs can, in the few milliseconds from that statement's start to its
+    commit (the read does not wait for an update, `queries.sql:
+    wait_check`). For that,
     `wait` reads the job again when no notification came for 1 s, then 2 s,
     4 s, … up to 30 s: such a miss costs a second or so, not the timeout.
     """

@@ -225,9 +225,8 @@ async def test_cancel_a_waiting_job_at_once_and_its_waiter_hears(
     job_id = await new_job(engine)
     asked = await heard(conn, CHANNEL)
     waiting = asyncio.create_task(jobqueue.wait(job_id, timeout=30, database=db_url))
-    # Once it has read the job and listens: a cancel that meets the read's FOR
-    # SHARE skips the row as if a worker had it (SKIP LOCKED), and the job is
-    # left pending (a race of its own, not this test's point).
+    # Once it has read the job and listens (the cancel during the read is the
+    # next test's).
     await wait_for(lambda: conn.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobqueue wait' "
         "AND datname = current_database() AND state = 'idle' AND query = $1",
@@ -251,6 +250,30 @@ async def test_cancel_a_waiting_job_at_once_and_its_waiter_hears(
             await control.cancel(c, uuid.uuid4())
         with pytest.raises(ValueError, match="NUL"):
             await control.cancel(c, job_id, reason="a\x00b")
+
+
+async def test_a_waiters_read_does_not_pass_for_a_worker_holding_the_job(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """A cancel that meets a waiter's read of the job in progress: the read
+    locks the row (to wait for a batch that holds it), but that lock is not
+    a worker's, so the cancel must not skip the job and leave it pending
+    while it only asks the workers."""
+    job_id = await new_job(engine)
+    reader = await asyncpg.connect(**jobqueue.db.asyncpg_connect_args(db_url))
+    try:
+        async with reader.transaction():
+            row = await queries["wait_check"].fetchrow(reader, job_id=job_id)
+            assert row["status"] == "pending"
+            # The read's lock is really there: a claim passes the row by.
+            assert await conn.fetchval("SELECT count(*) FROM (SELECT id FROM jobs "
+                                       "WHERE id = $1 FOR UPDATE SKIP LOCKED) AS l",
+                                       job_id) == 0
+            async with engine.begin() as c:
+                outcome = await asyncio.wait_for(control.cancel(c, job_id), 10)
+        assert outcome == control.Cancellation(job_id, "pending", True)
+    finally:
+        await reader.close()
+    assert await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job_id) == "failed"
 
 
 async def test_cancel_asks_the_worker_when_one_has_the_job(

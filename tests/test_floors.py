@@ -241,7 +241,7 @@ async def test_without_its_announcement_a_job_behind_the_floor_waits_until_told(
 
 async def test_a_job_a_claim_passed_while_someone_held_its_lock_is_run_once_free(
         engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
-    """A caller of wait() reads its job FOR SHARE; a claim at that moment
+    """A caller of wait() reads its job with a lock; a claim at that moment
     skips it and takes the next. The floor a claim returns stops at the first
     job it did not take, locked or not, so the next claim finds it."""
     async with worker(db_url):
@@ -252,7 +252,7 @@ async def test_a_job_a_claim_passed_while_someone_held_its_lock_is_run_once_free
         reader = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
         try:
             async with reader.transaction():
-                await reader.execute("SELECT 1 FROM jobs WHERE id = $1 FOR SHARE", locked)
+                await queries["wait_check"].fetchrow(reader, job_id=locked)
                 await wait_for(lambda: conn.fetchval(
                     "SELECT run_at <= now() FROM jobs WHERE id = $1", locked),
                     timeout=DEADLINE, message="the locked job to be due")

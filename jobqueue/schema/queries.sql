@@ -999,17 +999,22 @@ INSERT INTO jobqueue_waiters (job_id) VALUES (:job_id)
 ON CONFLICT DO NOTHING;
 
 -- wait_check --
--- The job as it is now, for a waiter. FOR SHARE: a job whose finishing is
--- under way (its row updated by a statement that has not committed, or
--- locked by a quick batch) is read once that transaction ends, never as it
--- was before: had the finisher's snapshot missed this waiter's row, its
--- outcome is seen here instead. No row: no such job.
+-- The job as it is now, for a waiter. FOR KEY SHARE: a job locked by a
+-- quick batch (whose claims lock FOR UPDATE, the one mode this one waits
+-- for) is read once that batch ends, never as it was before: had the
+-- batch's `complete` missed this waiter's row, its outcome is seen here
+-- instead. The weakest lock that does so, because `cancel` must be able to
+-- tell it from a worker's (it locks FOR NO KEY UPDATE, which this mode lets
+-- through; FOR SHARE would make it skip the job as a worker's). An update
+-- under way outside a batch (a claimed job's `complete`, another cancel)
+-- is not waited for: the job is read as it was, and a missed notification
+-- costs the waiter its next reread. No row: no such job.
 SELECT id, job_type, queue, status, retry_count, error_message,
        CAST(result AS text) AS result, CAST(error_history AS text) AS error_history,
        created_at, started_at, completed_at
 FROM jobs
 WHERE id = :job_id
-FOR SHARE;
+FOR KEY SHARE;
 
 -- wait_forget --
 -- A waiter leaves (its job finished, or it gave up).
@@ -1021,7 +1026,10 @@ DELETE FROM jobqueue_waiters WHERE job_id = :job_id AND pid = pg_backend_pid();
 -- error_history (no attempt was made); its waiters are told. One a worker
 -- has (processing, or locked in a quick batch: SKIP LOCKED, so a cancel
 -- never queues behind a batch) is asked to stop instead: 'cancel:<id>' on
--- the workers' channel, at commit. A finished job is left as it is. The row
+-- the workers' channel, at commit. FOR NO KEY UPDATE, not FOR UPDATE: it
+-- skips what claims lock (FOR UPDATE) but not a waiter's read (`wait_check`,
+-- FOR KEY SHARE), which would otherwise leave the job pending, asked of
+-- workers who do not have it. A finished job is left as it is. The row
 -- says what the job was (this statement's snapshot) and whether it was
 -- cancelled here; no row: no such job.
 WITH cancelled AS (
@@ -1029,7 +1037,7 @@ WITH cancelled AS (
     SET status = 'failed', error_message = :error_message, completed_at = statement_timestamp(),
         next_retry_at = NULL, started_at = NULL
     WHERE j.id = (SELECT id FROM jobs WHERE id = :id AND status IN ('pending', 'retrying')
-                  FOR UPDATE SKIP LOCKED)
+                  FOR NO KEY UPDATE SKIP LOCKED)
     RETURNING j.id
 )
 SELECT j.status AS was, c.id IS NOT NULL AS cancelled,
