@@ -500,3 +500,26 @@ async def test_a_runner_without_a_database_says_so_and_starts_no_server(
     monkeypatch.setattr(embedded.EmbeddedPostgres, "start", refuse)
     with pytest.raises(db.ConfigError, match="DATABASE_URL"):
         await JobRunner(install_signal_handlers=False).run()
+
+
+async def test_a_burst_run_ends_when_its_lanes_are_done_not_a_poll_interval_later(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """Two lanes share the jobs in quick batches; the lane that runs out first
+    sees the other's batch still due (locked, not yet committed) and waits
+    for news. The end of that batch is news: were it not, the run would
+    sleep out its poll interval (here two minutes) before it could end."""
+    registry = HandlerRegistry()
+    lanes: set[int] = set()
+
+    @registry.register("work")
+    async def work(session: Any, payload: dict[str, Any]) -> None:
+        lanes.add(id(asyncio.current_task()))
+        await asyncio.sleep(0.002)
+
+    async with engine.begin() as s:
+        await enqueue_many(s, "work", [{}] * 300)
+    report = await asyncio.wait_for(
+        drain(db_url, registry=registry, concurrency=2, poll_interval=120), 60)
+    assert report["processed"] == 300 and report["batches"] > 2
+    assert len(lanes) == 2  # both lanes worked: one of them had to wait for the other
+    assert await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'completed'") == 300

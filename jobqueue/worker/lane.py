@@ -305,6 +305,11 @@ class Lane:
         finally:
             self.batch = []
             self.cancels.clear()
+            if self.config.burst:
+                # A sibling lane that found this batch's jobs due but locked
+                # waits to look again; once they are done it may be the end
+                # of the run, so it should not sleep out its poll interval.
+                self.life.wake.set()
 
     async def _run_alone(self, conn: AsyncConnection, session: AsyncSession) -> bool:
         """Run the due jobs that must run alone (`alone.py`), one at a time,
