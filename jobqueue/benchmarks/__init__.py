@@ -30,8 +30,10 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _CHECKOUT = Path(__file__).resolve().parents[2]
-RUN_ENV = "JOBQUEUE_BENCH_RUN"
-COMMIT_ENV = "JOBQUEUE_BENCH_COMMIT"
+#: `JOBQUEUE_BENCH_<NAME>` sets a notebook parameter (`param`).
+PARAM_PREFIX = "JOBQUEUE_BENCH_"
+RUN_ENV = f"{PARAM_PREFIX}RUN"
+COMMIT_ENV = f"{PARAM_PREFIX}COMMIT"
 #: What a bench run itself rewrites: not a change to the code it measured.
 _RUN_OUTPUTS = ("notebooks/benchmarks/", "BENCHMARKS.md")
 
@@ -44,7 +46,7 @@ def size() -> str:
 def param(name: str, *, smoke: T, full: T) -> T:
     """A benchmark size: the smoke or full value, or `JOBQUEUE_BENCH_<NAME>`
     (JSON: `[1, 10, 100]`, `5000`, `"shared"`)."""
-    raw = os.environ.get(f"JOBQUEUE_BENCH_{name.upper()}")
+    raw = os.environ.get(f"{PARAM_PREFIX}{name.upper()}")
     if raw is not None:
         try:
             return json.loads(raw)  # type: ignore[no-any-return]

@@ -1019,27 +1019,43 @@ def _header(results: Path, record: dict[str, Any], context: dict[str, str]) -> s
             f"`{record['commit']}`, {_clock(sum(steps.values()))} in all ({took}); "
             f"every results file in `{_shown(results)}/` carries that stamp, and each section "
             "below says which run it comes from.")
+    line += _overrides(record.get("overrides"))
     for rerun in record.get("reruns", []):
         line += (f" **Partial rerun** started {rerun['started']} at commit `{rerun['commit']}`: "
-                 f"{', '.join(rerun['notebooks'])} (marked in its sections).")
+                 f"{', '.join(rerun['notebooks'])} (marked in its sections)."
+                 + _overrides(rerun.get("overrides")))
     return line + " Do not edit by hand: rerun `make bench` on your machine to get your own."
 
 
-def stamp(results: Path, name: str, record: dict[str, Any]) -> str:
+def _overrides(overrides: dict[str, str] | None) -> str:
+    """The notebook parameters a run set from the environment (its size
+    differs from the notebooks' full size there)."""
+    if not overrides:
+        return ""
+    return (" It set, over the notebooks' full size: "
+            + ", ".join(f"`{key}={value}`" for key, value in sorted(overrides.items())) + ".")
+
+
+def stamp(results: Path, name: str, record: dict[str, Any], cpu: str | None = None) -> str:
     """Which run a section's results files come from: the full run of the
     header, or, marked as such, another one (a partial rerun, or a notebook
-    run by hand)."""
+    run by hand), with its machine when it is not `cpu`, the Setup's: a
+    rerun on another machine is not comparable figure by figure."""
     prefix = name.split("_")[0]
-    runs: dict[tuple[str, str], list[str]] = {}
+    runs: dict[tuple[str, str, str], list[str]] = {}
     for path in sorted(results.glob(f"{prefix}*.csv")):
         stamp_of = results_context(path.stem, results)
-        runs.setdefault((stamp_of.get("run", "?"), stamp_of.get("commit", "?")), []).append(
-            path.name)
-    if list(runs) == [(record.get("started"), record.get("commit"))]:
+        runs.setdefault((stamp_of.get("run", "?"), stamp_of.get("commit", "?"),
+                         stamp_of.get("cpu", "?")), []).append(path.name)
+    if [(run, commit) for run, commit, _ in runs] == [(record.get("started"),
+                                                       record.get("commit"))]:
         return (f"*From the run above (started {record['started']}, commit "
                 f"`{record['commit']}`).*")
-    parts = [f"run {run} at commit `{commit}` ({', '.join(files)})"
-             for (run, commit), files in runs.items()]
+    parts = [f"run {run} at commit `{commit}`"
+             + ("" if machine in (cpu, "?") or cpu is None
+                else f" on another machine ({machine})")
+             + f" ({', '.join(files)})"
+             for (run, commit, machine), files in runs.items()]
     return "**Not from the run above**: " + "; ".join(parts) + "."
 
 
@@ -1053,7 +1069,7 @@ def render(results: Path = RESULTS, target: Path = CHECKOUT / "BENCHMARKS.md") -
     body = ["# jobqueue — benchmarks", _header(results, record, context), _setup(context)]
     for name, fn in available:
         title, _, rest = fn(results).partition("\n")
-        body.append(f"{title}\n\n{stamp(results, name, record)}\n{rest}")
+        body.append(f"{title}\n\n{stamp(results, name, record, context.get('cpu'))}\n{rest}")
     if (results / "throughput_matrix.csv").exists():
         body.append(_comparison(results))
     body.append(_limits(results))

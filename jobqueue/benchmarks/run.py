@@ -30,7 +30,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jobqueue.benchmarks import COMMIT_ENV, RUN_ENV, checkout_commit, progress, run_record
+from jobqueue.benchmarks import (
+    COMMIT_ENV,
+    PARAM_PREFIX,
+    RUN_ENV,
+    checkout_commit,
+    progress,
+    run_record,
+)
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = CHECKOUT / "notebooks" / "benchmarks"
@@ -184,13 +191,26 @@ def notebook_estimate(name: str) -> float:
 
 
 def _record(previous: dict[str, Any], started: str, commit: str, full: bool,
-            names: Sequence[str], took: dict[str, float]) -> dict[str, Any]:
-    """`run.json`: the last full run (its start, commit and how long each step
-    took) and the partial reruns since, which the report marks as such."""
+            names: Sequence[str], took: dict[str, float],
+            given: dict[str, str] | None = None) -> dict[str, Any]:
+    """`run.json`: the last full run (its start, commit, how long each step
+    took, and the parameters it took from the environment) and the partial
+    reruns since, which the report marks as such."""
+    extra = {"overrides": dict(given)} if given else {}
     if full:
-        return {"started": started, "commit": commit, "steps": dict(took), "reruns": []}
-    rerun = {"started": started, "commit": commit, "notebooks": list(names)}
+        return {"started": started, "commit": commit, "steps": dict(took), "reruns": [],
+                **extra}
+    rerun = {"started": started, "commit": commit, "notebooks": list(names), **extra}
     return {**previous, "reruns": [*previous.get("reruns", []), rerun]}
+
+
+def overrides(environ: dict[str, str]) -> dict[str, str]:
+    """The notebook parameters set from the environment (`lab.param`'s
+    `JOBQUEUE_BENCH_<NAME>`): the run's record keeps them, so a document
+    rendered from it says where the run was not the notebooks' full size."""
+    own = {RUN_ENV, COMMIT_ENV, progress.PROGRESS_ENV}  # the driver's, not parameters
+    return {key: value for key, value in environ.items()
+            if key.startswith(PARAM_PREFIX) and key not in own}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,12 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = datetime.now(UTC).isoformat(timespec="seconds")
     commit = checkout_commit()
     previous = run_record(RESULTS)
+    given = overrides(dict(os.environ))
     estimates = {n: notebook_estimate(n) for n in names}
     estimates.update({s: float(previous.get("steps", {}).get(s, 0.0))
                       for s in order if s in AFTER})
     print(f"make bench: {', '.join(order)}; run {started} at commit {commit}; "
-          f"about {_clock(sum(estimates.values()))} by the last full run's timings",
-          flush=True)
+          f"about {_clock(sum(estimates.values()))} by the last full run's timings"
+          + "".join(f"; {key}={value}" for key, value in sorted(given.items())), flush=True)
 
     progress_file = Path(tempfile.mkstemp(prefix="jobqueue-bench-", suffix=".jsonl")[1])
     os.environ.update({"JOBQUEUE_LAB_SIZE": "full", RUN_ENV: started, COMMIT_ENV: commit,
@@ -229,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             after = sum(estimates[s] for s in order[i + 1:])
             begun = time.monotonic()
             if step == "report":   # it shows the run's steps: record them first
-                _write_record(_record(previous, started, commit, full, names, took))
+                _write_record(_record(previous, started, commit, full, names, took, given))
             if step in AFTER:
                 ticker.cell(step, estimates[step] or None, after)
                 done = subprocess.run(AFTER[step], cwd=CHECKOUT, capture_output=True, text=True)

@@ -93,6 +93,26 @@ def test_a_partial_rerun_keeps_the_full_run_and_adds_itself() -> None:
     assert again["reruns"] == [{"started": "T2", "commit": "c2", "notebooks": ["comparison"]}]
 
 
+def test_a_run_records_the_parameters_it_took_from_the_environment(tmp_path: Path) -> None:
+    from jobqueue.benchmarks import report
+
+    given = run.overrides({"JOBQUEUE_BENCH_PRESSURE_PHASES": '[{"name": "baseline"}]',
+                           RUN_ENV: "T1", COMMIT_ENV: "c1", "JOBQUEUE_LAB_SIZE": "full",
+                           "JOBQUEUE_BENCH_PROGRESS": "/tmp/p"})
+    assert given == {"JOBQUEUE_BENCH_PRESSURE_PHASES": '[{"name": "baseline"}]'}
+    full = run._record({}, "T1", "c1", True, ["pressure"], {"pressure": 5.0}, given)
+    again = run._record(full, "T2", "c2", False, ["latency"], {}, {"JOBQUEUE_BENCH_N": "9"})
+    header = report._header(tmp_path, again, {})
+    assert ("in all (pressure 0 min 05 s); every results file" in header
+            and "It set, over the notebooks' full size: "
+                "`JOBQUEUE_BENCH_PRESSURE_PHASES=[{\"name\": \"baseline\"}]`." in header)
+    assert header.endswith("latency (marked in its sections). It set, over the notebooks' "
+                           "full size: `JOBQUEUE_BENCH_N=9`. Do not edit by hand: rerun "
+                           "`make bench` on your machine to get your own.")
+    plain = report._header(tmp_path, run._record({}, "T1", "c1", True, [], {}, {}), {})
+    assert "It set" not in plain
+
+
 def test_each_section_says_which_run_it_comes_from(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from jobqueue.benchmarks import report
@@ -110,6 +130,13 @@ def test_each_section_says_which_run_it_comes_from(tmp_path: Path,
     mixed = report.stamp(tmp_path, "recovery", record)
     assert mixed.startswith("**Not from the run above**")
     assert "run T2 at commit `abc123` (recovery_timeline.csv)" in mixed
+    assert "another machine" not in report.stamp(tmp_path, "recovery", record, cpu="?")
+    monkeypatch.setenv(RUN_ENV, "T2")
+    save([{"x": 1}], "recovery_timeline", {"cpu": "Other CPU"})
+    moved = report.stamp(tmp_path, "recovery", record, cpu="Test CPU")
+    assert "run T2 at commit `abc123` on another machine (Other CPU) (recovery_timeline.csv)" \
+        in moved
+    assert "run T1 at commit `abc123` (recovery.csv)" in moved  # no machine recorded
     header = report._header(tmp_path, run._record(record, "T3", "def456", False,
                                                   ["recovery"], {}), {})
     assert "started T1 at commit `abc123`, 3 min 06 s in all (latency 1 min 01 s" in header
