@@ -28,7 +28,8 @@ def _ms(v: Any) -> str:
     return "–" if v is None or pd.isna(v) else f"{v:,.1f}"
 
 
-def _systems(df: pd.DataFrame) -> list[str]:
+def systems(df: pd.DataFrame) -> list[str]:
+    """The systems of a run, in the order the figures colour them."""
     return [s for s in SYSTEM_COLORS if s in set(df["system"])]
 
 
@@ -112,10 +113,10 @@ def plot(timeline: pd.DataFrame, df: pd.DataFrame) -> plt.Figure:
     dead tuples in each system's tables, over the run; the phases as bands
     (shaded while something holds the horizon, darker with readers and load)."""
     fig, (lat, dead) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
-    first = df[df["system"] == _systems(df)[0]].sort_values("order")
+    first = df[df["system"] == systems(df)[0]].sort_values("order")
     times = sorted(timeline["t"].unique())
     step = times[1] - times[0] if len(times) > 1 else 1.0
-    for system in _systems(timeline):
+    for system in systems(timeline):
         g = timeline[timeline["system"] == system].sort_values("t")
         color, name = SYSTEM_COLORS[system], SYSTEM_NAMES[system]
         mid = g["t"] + step / 2
@@ -180,7 +181,7 @@ def recovery_seconds(timeline: pd.DataFrame, df: pd.DataFrame, system: str) -> f
 
 def method(df: pd.DataFrame, context: dict[str, str]) -> list[str]:
     """How the run was made, from its rows and header."""
-    rows = _rows(df, _systems(df)[0])
+    rows = _rows(df, systems(df)[0])
     pinned = rows[rows["pinned"].astype(bool)]
     phases = "; ".join(f"{r['phase']} {r['seconds']:g} s ({_held(r)})" for _, r in rows.iterrows())
     interval = context.get("pressure_interval", "?")
@@ -232,7 +233,7 @@ def findings(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
     """Per system: baseline, what the pin did to p99 and the tables, the load
     phase, what its sessions waited on, how soon it came back; jobqueue's claim."""
     lines = []
-    for system in _systems(df):
+    for system in systems(df):
         rows = _rows(df, system)
         base = _baseline(rows)
         pinned = rows[rows["pinned"].astype(bool)]
@@ -354,7 +355,7 @@ def goal_lines(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
         lines.append(f"- Not part of that goal, the pinned phase at {r['load']:g}× load "
                      f"({r['rate']:,.0f} jobs/s): p99 {_ms(r['complete_p99_ms'])} ms, "
                      f"{r['complete_p99_ms'] / base['complete_p99_ms']:,.1f}× the baseline's.")
-    others = [s for s in _systems(df) if s != "jobqueue"]
+    others = [s for s in systems(df) if s != "jobqueue"]
     if others:
         parts, ok = [], True
         for _, r in pinned.iterrows():

@@ -60,3 +60,36 @@ def test_the_committed_readme_says_what_the_committed_results_say() -> None:
     assert block == readme.summary(report.RESULTS), (
         "README.md's performance block differs from the results files: "
         "run `python -m jobqueue.benchmarks.readme` (make bench does)")
+
+
+def test_the_pressure_sentence_is_computed_from_the_phases(tmp_path: Path) -> None:
+    """Each system's p99 from baseline to its worst pinned phase at the base
+    rate (the load phase left out), jobqueue's way back and its tables."""
+    import pandas as pd
+
+    def row(system: str, order: int, phase: str, p99: float, pinned: bool,
+            load: float | None = None, readers: float | None = None,
+            mib: float = 10.0) -> dict[str, object]:
+        return {"system": system, "order": order, "phase": phase, "seconds": 100.0,
+                "start_s": 100.0 * (order - 1), "end_s": 100.0 * order, "pinned": pinned,
+                "load": load, "readers": readers, "rate": 500.0 * (load or 1),
+                "complete_p99_ms": p99, "total_mib": mib}
+
+    rows = [row("jobqueue", 1, "baseline", 10.0, False, mib=7.0),
+            row("jobqueue", 2, "readers", 25.0, True, readers=4, mib=90.0),
+            row("jobqueue", 3, "load", 400.0, True, load=1.5, readers=4, mib=100.0),
+            row("jobqueue", 4, "recovery", 11.0, False, mib=95.0),
+            row("pgqueuer", 1, "baseline", 600.0, False),
+            row("pgqueuer", 2, "readers", 30_000.0, True, readers=4)]
+    timeline = pd.DataFrame([{"system": "jobqueue", "t": t, "complete_p99_ms": p99}
+                             for t, p99 in ((0, 9.0), (5, 12.0), (300, 50.0), (305, 11.0))])
+    for name, frame in (("pressure", pd.DataFrame(rows)), ("pressure_timeline", timeline)):
+        path = save(frame.to_dict("records"), name, {"cpu": "test"})
+        path.rename(tmp_path / path.name)
+    [text] = readme.pressure_lines(tmp_path)
+    assert "then also 4 REPEATABLE READ readers, 200 s pinned" in text, text
+    assert ("baseline → at its worst pinned phase: jobqueue 10.0 ms → 25.0 ms (2.5×, at "
+            "500 jobs/s); PgQueuer 600.0 ms → 30 s (50.0×, at 500 jobs/s)") in text, text
+    assert "within its baseline's worst window 10 s after the release" in text, text
+    assert "tables grew from 7.0 to 100.0 MiB and were 95.0 MiB at the end" in text, text
+    assert readme.pressure_lines(tmp_path / "nothing") == []
