@@ -140,8 +140,15 @@ def plot(timeline: pd.DataFrame, df: pd.DataFrame) -> plt.Figure:
 # -- sentences ------------------------------------------------------------------------
 
 
-def _rows(df: pd.DataFrame, system: str) -> pd.DataFrame:
+def system_rows(df: pd.DataFrame, system: str) -> pd.DataFrame:
+    """One system's phases, in the order they ran."""
     return df[df["system"] == system].sort_values("order").reset_index(drop=True)
+
+
+def base_rate_pinned(rows: pd.DataFrame) -> pd.DataFrame:
+    """The phases with the horizon pinned at the base rate: the goal's (a
+    pinned phase of extra load is its own question)."""
+    return rows[rows["pinned"].astype(bool) & rows["load"].isna()]
 
 
 def _baseline(rows: pd.DataFrame) -> pd.Series:
@@ -160,7 +167,7 @@ def recovery_seconds(timeline: pd.DataFrame, df: pd.DataFrame, system: str) -> f
     """Seconds from the release to the end of the first window after it
     whose p99 is within the worst window of the baseline; inf if none is by
     the end, None where no window carries a p99 to tell by."""
-    rows = _rows(df, system)
+    rows = system_rows(df, system)
     release = _release(rows)
     g = timeline[timeline["system"] == system].sort_values("t")
     times = sorted(g["t"].unique())
@@ -181,7 +188,7 @@ def recovery_seconds(timeline: pd.DataFrame, df: pd.DataFrame, system: str) -> f
 
 def method(df: pd.DataFrame, context: dict[str, str]) -> list[str]:
     """How the run was made, from its rows and header."""
-    rows = _rows(df, systems(df)[0])
+    rows = system_rows(df, systems(df)[0])
     pinned = rows[rows["pinned"].astype(bool)]
     phases = "; ".join(f"{r['phase']} {r['seconds']:g} s ({_held(r)})" for _, r in rows.iterrows())
     interval = context.get("pressure_interval", "?")
@@ -234,7 +241,7 @@ def findings(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
     phase, what its sessions waited on, how soon it came back; jobqueue's claim."""
     lines = []
     for system in systems(df):
-        rows = _rows(df, system)
+        rows = system_rows(df, system)
         base = _baseline(rows)
         pinned = rows[rows["pinned"].astype(bool)]
         name = SYSTEM_NAMES[system]
@@ -296,7 +303,7 @@ def findings(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
 
 def take_findings(df: pd.DataFrame) -> list[str]:
     """jobqueue's claim at baseline's end against the last pinned phase's end."""
-    rows = _rows(df, "jobqueue")
+    rows = system_rows(df, "jobqueue")
     if rows.empty or "take_buffers" not in rows or rows["take_buffers"].isna().all():
         return []
     base, pinned = _baseline(rows), rows[rows["pinned"].astype(bool)]
@@ -332,12 +339,11 @@ def take_findings(df: pd.DataFrame) -> list[str]:
 
 def goal_lines(df: pd.DataFrame, timeline: pd.DataFrame) -> list[str]:
     """The issue's goal, against this run."""
-    rows = _rows(df, "jobqueue")
+    rows = system_rows(df, "jobqueue")
     if rows.empty:
         return []
     base, all_pinned = _baseline(rows), rows[rows["pinned"].astype(bool)]
-    # The goal is at the base rate: a pinned phase of extra load is its own question.
-    pinned = all_pinned[all_pinned["load"].isna()]
+    pinned = base_rate_pinned(rows)
     if pinned.empty or pd.isna(base["complete_p99_ms"]) or pinned["complete_p99_ms"].isna().all():
         return ["- Not measurable in this run: its phases carry no p99 (smoke size)."]
     held = all_pinned["seconds"].sum()

@@ -152,10 +152,9 @@ def pressure_lines(results: Path) -> list[str]:
     timeline = load("pressure_timeline", results)[0]
     parts = []
     for system in pressure_report.systems(df):
-        rows = df[df["system"] == system].sort_values("order")
+        rows = pressure_report.system_rows(df, system)
         base = rows.iloc[0]
-        pinned = rows[rows["pinned"].astype(bool) & rows["load"].isna()
-                      & rows["complete_p99_ms"].notna()]
+        pinned = pressure_report.base_rate_pinned(rows).dropna(subset=["complete_p99_ms"])
         if pinned.empty or pd.isna(base["complete_p99_ms"]):
             continue
         worst = pinned.loc[pinned["complete_p99_ms"].idxmax()]
@@ -165,7 +164,7 @@ def pressure_lines(results: Path) -> list[str]:
                      f"({ratio:,.{1 if ratio < 100 else 0}f}×, at {base['rate']:,.0f} jobs/s)")
     if not parts:
         return []
-    ours = df[df["system"] == "jobqueue"].sort_values("order")
+    ours = pressure_report.system_rows(df, "jobqueue")
     held = ours[ours["pinned"].astype(bool)]
     back = pressure_report.recovery_seconds(timeline, df, "jobqueue")
     after = ("" if back is None else
