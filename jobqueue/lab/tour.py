@@ -746,6 +746,22 @@ async def locked_waiting(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]
     return [r["id"] for r in rows]
 
 
+async def written_down(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]
+                       ) -> list[uuid.UUID]:
+    """Jobs of `ids` that a quick batch holds locked and has already written
+    down in the ledger (`jobqueue_batches`, under a transaction still in
+    progress): what a rescue finds of the batch if its worker dies now. A
+    lane caught between its `take` and its ledger write holds jobs that no
+    row names yet; killed there, it leaves nothing for the rescue to mark."""
+    locked = await locked_waiting(conn, ids)
+    if not locked:
+        return []
+    named = await conn.fetch(
+        "SELECT DISTINCT unnest(job_ids) AS id FROM jobqueue_batches "
+        "WHERE pg_xact_status(CAST(CAST(xid AS text) AS xid8)) = 'in progress'")
+    return sorted(set(locked) & {r["id"] for r in named})
+
+
 async def fate(conn: asyncpg.Connection, crew: Crew, ids: Sequence[uuid.UUID]
                ) -> dict[str, list[Any]]:
     """What became of the jobs `ids`, as the distinct values they show, so
@@ -809,8 +825,9 @@ async def catch_claimed(conn: asyncpg.Connection, crew: Crew, label: str,
 async def catch_quick_batch(conn: asyncpg.Connection, crew: Crew, label: str,
                             ids: Sequence[uuid.UUID]) -> tuple[list[uuid.UUID], datetime]:
     """Freeze worker `label` while a quick batch of it holds jobs of `ids`
-    locked (still waiting, never written); those jobs and the instant."""
-    return await crew.freeze_holding(conn, label, lambda: locked_waiting(conn, ids),
+    locked (still waiting, never written) and has written them down in the
+    ledger (`written_down`); those jobs and the instant."""
+    return await crew.freeze_holding(conn, label, lambda: written_down(conn, ids),
                                      lambda: completed_count(conn, ids))
 
 

@@ -260,9 +260,9 @@ async def test_a_killed_quick_batch_leaves_nothing_to_put_back_and_runs_alone_ne
     assert await tour.held_by(conn, crew, "first") == []
     await crew.signal(conn, "first", signal.SIGKILL)
     await tour.wait_released(conn, ids)
-    # Its ledger rows name its batches: each job is marked to run alone, none
-    # blamed. (A lane frozen between its take and its ledger write had run
-    # nothing yet: those jobs are simply waiting again, unmarked.)
+    # Its ledger rows name its batches (the freeze waited for them: a lane
+    # caught between its take and its ledger write leaves nothing to mark):
+    # each job is marked to run alone, none blamed.
     marked = await rescue(conn)
     assert 0 < marked <= len(taken)
     assert await tour.fate(conn, crew, taken) == {
