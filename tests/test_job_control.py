@@ -16,12 +16,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, enqueue, enqueue_many
+from jobqueue import HandlerRegistry, JobRunner, RetryPolicy, control, enqueue, enqueue_many
 from jobqueue.schema.locks import CANCEL_PREFIX, CHANNEL
 from jobqueue.testing import wait_for
+from jobqueue.worker import batch
 from jobqueue.worker.handler import Snooze
 
 FAST_RETRIES = RetryPolicy(base=0.05, factor=2.0, cap=1.0, jitter=0.0)
@@ -234,6 +236,76 @@ async def test_cancelling_jobs_of_a_quick_batch_running_and_waiting(
     assert (await _job(conn, slow_id))["error_message"] == "cancelled"
     assert await _effects(conn) == ["a0", "a1", "a2", "b1", "b2", "first"]
     assert await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'completed'") == 6
+
+
+@pytest.mark.parametrize("how", ["claimed", "taken", "sync"])
+async def test_a_cancel_heard_before_the_claims_reply_stops_the_job_unstarted(
+        how: str, engine: AsyncEngine, db_url: str, conn: asyncpg.Connection,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cancel's notification can reach the worker before its lane has
+    the claim's reply in hand (the job was `processing`, or locked by the
+    quick batch, so `cancel` asked the workers): the event loop runs the
+    notification first. Here the claim waits, once its reply is in, until
+    the worker has heard the cancel, so that it always comes in that order."""
+    await _prepare(conn)
+    handlers = Handlers()
+    ran: list[str] = []
+
+    @handlers.registry.register("noted_sync")
+    def noted_sync(session: Any, payload: dict[str, Any]) -> None:
+        ran.append(payload["n"])
+
+    target: list[uuid.UUID] = []
+    heard = asyncio.Event()
+
+    async def cancel_first(rows: list[Any]) -> None:
+        if target and not heard.is_set() and any(row[0] == target[0] for row in rows):
+            async with engine.begin() as s:
+                outcome = await control.cancel(s, target[0])
+            assert not outcome.cancelled  # a worker holds it: the workers were asked
+            await asyncio.wait_for(heard.wait(), 30)
+
+    if how == "taken":
+        original_lock = batch.lock
+
+        async def lock(raw: Any, query: str, **values: Any) -> Any:
+            locked = await original_lock(raw, query, **values)
+            await cancel_first(locked[1] if locked else [])
+            return locked
+
+        monkeypatch.setattr(batch, "lock", lock)
+    else:
+        original_claimed = batch.Claimed.claimed
+
+        async def claimed(self: Any, *args: Any) -> list[Any]:
+            rows = await original_claimed(self, *args)
+            await cancel_first(rows)
+            return rows
+
+        monkeypatch.setattr(batch.Claimed, "claimed", claimed)
+    async with running(db_url, handlers, quick_batch=10.0, concurrency=1) as runner:
+        heard_by_worker = runner.cancel
+
+        def cancel(job_id: uuid.UUID) -> bool:
+            held = heard_by_worker(job_id)
+            heard.set()
+            return held
+
+        runner.cancel = cancel  # type: ignore[method-assign]
+        if how == "taken":  # a lane's first job is claimed: one teaches it the pace
+            async with engine.begin() as s:
+                await enqueue(s, "write", {"n": "first"})
+            await wait_for(lambda: _finished(conn, 1), timeout=30, message="the first write")
+        job_type = "noted_sync" if how == "sync" else "write"
+        async with engine.begin() as s:
+            target.append(await enqueue(s, job_type, {"n": "cancelled"}, max_retries=3))
+        await wait_for(lambda: conn.fetchval(
+            "SELECT status = 'failed' FROM jobs WHERE id = $1", target[0]),
+            timeout=30, message="the job failed")
+    assert heard.is_set()
+    row = await _job(conn, target[0])
+    assert (row["error_message"], row["retry_count"]) == ("cancelled", 0)
+    assert "cancelled" not in handlers.calls + ran  # never started
 
 
 async def test_a_cancel_for_a_job_this_worker_does_not_hold_changes_nothing(

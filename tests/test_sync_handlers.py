@@ -8,12 +8,15 @@ import asyncio
 import functools
 import json
 import signal
+import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psycopg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
@@ -31,7 +34,7 @@ from jobqueue import (
 )
 from jobqueue.schema.locks import CANCEL_PREFIX, CHANNEL
 from jobqueue.testing import WorkerProcess, drain, in_state, wait_for, worker_state
-from jobqueue.worker import Snooze, WorkerConfig
+from jobqueue.worker import Snooze, WorkerConfig, threads
 
 TIMEOUT = 30
 NOW = RetryPolicy(base=0.0, jitter=0.0)  # retries due at once: a burst drain runs them all
@@ -243,9 +246,9 @@ async def _most_at_once(conn: asyncpg.Connection) -> int:
         "AND o.completed_at > j.started_at)) FROM jobs AS j")
 
 
-async def test_interrupt_cancels_the_running_statement_and_fails_the_attempt(
-    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
-) -> None:
+async def _stuck_once(engine: AsyncEngine, db_url: str) -> tuple[uuid.UUID, JobRunner]:
+    """A job whose first attempt writes, then sleeps in a statement for a
+    minute, and whose retry writes and returns; and a runner for it."""
     registry = HandlerRegistry()
 
     @registry.register("stuck")
@@ -256,16 +259,19 @@ async def test_interrupt_cancels_the_running_statement_and_fails_the_attempt(
 
     async with engine.begin() as s:
         [job_id] = await enqueue_many(s, "stuck", [{}], max_retries=1)
-    runner = JobRunner(db_url, registry=registry, install_signal_handlers=False,
-                       retry_policy=NOW)
+    return job_id, JobRunner(db_url, registry=registry, install_signal_handlers=False,
+                             retry_policy=NOW)
+
+
+async def _stopped_once(conn: asyncpg.Connection, job_id: uuid.UUID, runner: JobRunner,
+                        meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Run `runner` (and `meanwhile` beside it) until the `_stuck_once` job's
+    retry has completed; its first attempt must have been stopped, by an
+    interrupt saying "took too long", and its writes undone."""
     task = asyncio.create_task(runner.run())
     try:
-        await wait_for(lambda: conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' "
-            "AND state = 'active' AND datname = current_database()"),
-            timeout=TIMEOUT, message="the handler in its statement")
-        assert not await runner.threads.interrupt(uuid.UUID(int=1), "nobody")
-        assert await runner.threads.interrupt(job_id, "took too long")
+        if meanwhile is not None:
+            await meanwhile()
         await wait_for(lambda: conn.fetchval(
             "SELECT status = 'completed' FROM jobs WHERE id = $1", job_id),
             timeout=TIMEOUT, message="the retry to complete")
@@ -276,6 +282,55 @@ async def test_interrupt_cancels_the_running_statement_and_fails_the_attempt(
     assert row["retry_count"] == 1
     assert [e["error"] for e in _history(row)] == ["took too long"]
     assert await conn.fetchval("SELECT count(*) FROM effects") == 1  # the retry's only
+
+
+async def test_interrupt_cancels_the_running_statement_and_fails_the_attempt(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    job_id, runner = await _stuck_once(engine, db_url)
+
+    async def interrupt() -> None:
+        await wait_for(lambda: conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' "
+            "AND state = 'active' AND datname = current_database()"),
+            timeout=TIMEOUT, message="the handler in its statement")
+        assert not await runner.threads.interrupt(uuid.UUID(int=1), "nobody")
+        assert await runner.threads.interrupt(job_id, "took too long")
+
+    await _stopped_once(conn, job_id, runner, interrupt)
+
+
+async def test_an_interrupt_that_reaches_the_server_before_the_statement_is_sent_again(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handler's thread has let its statement through (no reason to stop
+    yet), and the interrupt's first cancel reaches the server before the
+    statement does: an idle backend drops it. Here the thread waits, just
+    before it sends the statement, until that first cancel has been sent, so
+    that they always come in that order; the statement must be cancelled all
+    the same."""
+    job_id, runner = await _stuck_once(engine, db_url)
+    loop = asyncio.get_running_loop()
+    cancels_sent = threading.Event()
+    real_cancel = psycopg.Connection.cancel_safe
+
+    def cancel_safe(self: psycopg.Connection[Any], *args: Any, **kw: Any) -> None:
+        real_cancel(self, *args, **kw)
+        cancels_sent.set()
+
+    let_through = threads._before_statement
+
+    def before_statement(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        let_through(conn, cursor, statement, *rest)
+        if "pg_sleep" in statement and not cancels_sent.is_set():
+            asyncio.run_coroutine_threadsafe(
+                runner.threads.interrupt(job_id, "took too long"), loop)
+            assert cancels_sent.wait(TIMEOUT), "the interrupt sent no cancel"
+
+    monkeypatch.setattr(psycopg.Connection, "cancel_safe", cancel_safe)
+    monkeypatch.setattr(threads, "_before_statement", before_statement)
+    await _stopped_once(conn, job_id, runner)
+    assert cancels_sent.is_set()
 
 
 async def test_a_sync_job_obeys_its_timeout_a_cancel_and_a_snooze(
@@ -320,6 +375,57 @@ async def test_a_sync_job_obeys_its_timeout_a_cancel_and_a_snooze(
     assert (rows[snoozed]["status"], rows[snoozed]["retry_count"]) == ("completed", 0)
     assert runs.count("snoozed") == 2
     assert await conn.fetchval("SELECT count(*) FROM effects") == 1  # the snoozed job's second run
+
+
+async def test_a_retry_recorded_while_the_lane_claimed_past_it_is_not_left_behind(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """A sync job's retry is due at its `fail` statement's time, and nothing
+    announces it; the thread lane claims meanwhile, from a floor that its
+    claims move on to their own time (`floors.py`). A claim whose snapshot
+    began while the `fail` ran moves the floor past the retry. Here the
+    `fail` waits on a row lock the test holds until such a claim is done:
+    the retry must still run well before the worker's once-a-minute look
+    from the front would find it."""
+    registry = HandlerRegistry()
+    ran: list[str] = []
+    running, locked = threading.Event(), threading.Event()
+
+    @registry.register("once")
+    def once(session: Any, payload: dict[str, Any]) -> None:
+        ran.append(payload["name"])
+        if payload["name"] == "retried" and current_job().attempt == 1:
+            running.set()
+            assert locked.wait(TIMEOUT)
+            raise RuntimeError("first attempt fails")
+
+    async with engine.begin() as s:
+        retried = await enqueue(s, "once", {"name": "retried"}, max_retries=1)
+    runner = JobRunner(db_url, registry=registry, install_signal_handlers=False,
+                       retry_policy=NOW, poll_interval=0.2, threads=2)
+    task = asyncio.create_task(runner.run())
+    holder = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+    try:
+        assert await asyncio.to_thread(running.wait, TIMEOUT)
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM jobs WHERE id = $1 FOR SHARE", retried)
+            locked.set()
+            await wait_for(lambda: conn.fetchval(
+                "SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"),
+                timeout=TIMEOUT, message="the fail waiting for the row")
+            async with engine.begin() as s:
+                later = await enqueue(s, "once", {"name": "later"})
+            await wait_for(lambda: conn.fetchval(
+                "SELECT status = 'completed' FROM jobs WHERE id = $1", later),
+                timeout=TIMEOUT, message="a claim past the retry")
+        await wait_for(lambda: conn.fetchval(
+            "SELECT status = 'completed' FROM jobs WHERE id = $1", retried),
+            timeout=TIMEOUT, message="the retry to complete")
+    finally:
+        await holder.close()
+        runner.stop()
+        await asyncio.wait_for(task, TIMEOUT)
+    assert ran == ["retried", "later", "retried"]
 
 
 # -- real worker processes ---------------------------------------------------------

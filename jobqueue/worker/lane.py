@@ -71,7 +71,7 @@ from jobqueue.worker.batch import (
 )
 from jobqueue.worker.book import QueueBook
 from jobqueue.worker.config import WorkerConfig
-from jobqueue.worker.floors import NO_ARMS, Floors
+from jobqueue.worker.floors import NO_ARMS, Arms, Floors
 from jobqueue.worker.handler import (
     DB_ERROR,
     IN_HANDLER,
@@ -182,6 +182,10 @@ class Lane:
         #: before they started; what stops the running handler.
         self.batch: list[ClaimedJob] = []
         self.cancels: set[uuid.UUID] = set()
+        #: A claim is on its way (`_claim`), and the cancels heard meanwhile
+        #: for jobs this lane does not hold yet: the claim may bring them.
+        self.claiming = False
+        self.heard: set[uuid.UUID] = set()
         self.stopper: Stopper | None = None
         #: The queue of the batch running now.
         self.queue = ""
@@ -216,6 +220,8 @@ class Lane:
         if any(job.id == job_id for job in self.batch):
             self.cancels.add(job_id)
             return True
+        if self.claiming:
+            self.heard.add(job_id)  # `_claim` looks at it when the claim is back
         return False
 
     def cut(self) -> None:
@@ -284,12 +290,9 @@ class Lane:
                 if book.paused(queue):
                     continue
                 batch = self.batch_kind(queue, take)
-                started = await batch.start(raw, limit, self.worker_id, queue,
-                                            self.life.job_types,
-                                            floors.arms(self.number, queue))
+                started = await self._claim(batch, limit, queue, floors.arms(self.number, queue))
                 if started is not None:
                     floors.advance(self.number, queue, started.jobs)
-                    self.queue = queue
                     self.turn = (self.turn + step + 1) % len(queues)
                     await self._run_held(conn, session, started, batch)
                     return True
@@ -297,6 +300,28 @@ class Lane:
         if gate.look(self.config.poll_interval):  # nothing else to do: any lone jobs?
             return await self._run_alone(conn, session)
         return False
+
+    async def _claim(self, kind: BatchKind, limit: int, queue: str, arms: Arms
+                     ) -> Started | None:
+        """Take or claim a batch from `queue` (`kind.start`), and hold its jobs
+        from the moment the reply is back: a cancel for one of them from then
+        on stops it (`interrupt`). A cancel can also overtake the reply: the
+        job was locked or `processing` when it was cancelled, so its
+        notification went out, and the event loop may deliver it before
+        this task runs again. Those heard while the claim was on its way are
+        kept, and a job of the batch among them fails `cancelled` unstarted."""
+        self.claiming = True
+        try:
+            started = await kind.start(self.raw, limit, self.worker_id, queue,
+                                       self.life.job_types, arms)
+        finally:
+            self.claiming = False
+            heard, self.heard = self.heard, set()
+        if started is not None:
+            self.queue = queue
+            self.batch = started.jobs
+            self.cancels = {job.id for job in started.jobs if job.id in heard}
+        return started
 
     async def _run_held(self, conn: AsyncConnection, session: AsyncSession, started: Started,
                         batch: BatchKind) -> None:
@@ -332,8 +357,7 @@ class Lane:
                     return ran  # another lane is at it; this one waits at the gate
                 for queue in due:
                     kind = self.alone_kind()
-                    started = await kind.start(raw, 1, self.worker_id, queue, life.job_types,
-                                               NO_ARMS)
+                    started = await self._claim(kind, 1, queue, NO_ARMS)
                     if started is not None:
                         await self._run_held(conn, session, started, kind)
                         ran = True

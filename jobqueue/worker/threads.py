@@ -128,6 +128,11 @@ class SyncRun:
     driver: Any = None
     #: The handler is running: its statements may be interrupted.
     in_handler: bool = False
+    #: A statement of the handler is on its way or running (`_before_statement`).
+    in_statement: bool = False
+    #: Held while a statement cancel is sent, and by the thread as the handler
+    #: ends: no cancel meant for the handler reaches the outcome's statements.
+    guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     #: Its transaction is open: the handler sent a statement (`_before_statement`).
     began: bool = False
     #: A statement of the handler failed and no savepoint of its own undid it.
@@ -222,12 +227,13 @@ class ThreadPool:
         run = self.running.get(job_id)
         if run is None:
             return False
-        run.reason = reason
-        driver = run.driver
-        if driver is not None and run.in_handler:
-            # A cancel request is a connection of its own: off the event loop.
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(driver.cancel_safe)
+        run.reason = reason  # before looking at in_statement: see _before_statement
+        # A cancel that reaches the server before the statement it was meant
+        # for is dropped there (an idle backend ignores it), and the statement
+        # then runs its course: so it is sent again until the statement ends.
+        # (A cancel request is a connection of its own: off the event loop.)
+        while self.running.get(job_id) is run and await asyncio.to_thread(_cancel_statement, run):
+            await asyncio.sleep(_CANCEL_AGAIN_S)
         return True
 
     def close(self) -> None:
@@ -235,6 +241,22 @@ class ThreadPool:
         for _ in self._threads:
             self._work.put(None)
         self._threads = []
+
+
+#: How soon a statement cancel is sent again while the statement still runs.
+_CANCEL_AGAIN_S = 0.05
+
+
+def _cancel_statement(run: SyncRun) -> bool:
+    """In a thread: cancel the handler's statement that runs now, if one does
+    (True: one did, and may still)."""
+    with run.guard:
+        driver = run.driver
+        if not (run.in_handler and run.in_statement) or driver is None:
+            return False
+        with contextlib.suppress(Exception):
+            driver.cancel_safe()
+        return True
 
 
 def sever(run: SyncRun) -> None:
@@ -276,6 +298,7 @@ def thread_engine(url: str, threads: int, application_name: str) -> Engine:
                            pool_pre_ping=False, isolation_level="AUTOCOMMIT",
                            connect_args={"application_name": application_name})
     event.listen(engine, "before_cursor_execute", _before_statement)
+    event.listen(engine, "after_cursor_execute", _after_statement)
     event.listen(engine, "rollback", _rolled_back)
     event.listen(engine, "commit", _refuse_commit)
     event.listen(engine, "handle_error", _note_error)
@@ -295,11 +318,22 @@ def _before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
     run = _run_of(conn)
     if run is None:
         return
+    # Marked before the reason is read, as `interrupt` sets the reason before
+    # it reads the mark: either this statement is refused here, or it is
+    # cancelled on the server.
+    run.in_statement = True
     if run.reason is not None:
+        run.in_statement = False
         raise Interrupted(run.reason)
     if not run.began:
         run.driver.execute("BEGIN")
         run.began = True
+
+
+def _after_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
+                     context: Any, executemany: bool) -> None:
+    if (run := _run_of(conn)) is not None:
+        run.in_statement = False
 
 
 def _rolled_back(conn: Any) -> None:
@@ -321,6 +355,7 @@ def _refuse_commit(conn: Any) -> None:
 def _note_error(context: Any) -> None:
     if context.connection is not None and (run := _run_of(context.connection)) is not None:
         run.db_error = True
+        run.in_statement = False
 
 
 def _recovered(conn: Any, name: str, context: Any) -> None:
@@ -413,11 +448,12 @@ class ThreadLane(Lane):
         return ALONE_CLAIM_ONLY
 
     def interrupt(self, job_id: uuid.UUID, reason: str) -> bool:
-        """Stop the sync job `job_id` if one of this lane's threads runs it."""
-        if job_id not in self.pool.running:
-            return False
-        asyncio.ensure_future(self.pool.interrupt(job_id, reason))
-        return True
+        """Stop the sync job `job_id` if one of this lane's threads runs it, or
+        if its claim is just back (`Lane._claim`): it then starts stopped."""
+        if job_id in self.pool.running:
+            asyncio.ensure_future(self.pool.interrupt(job_id, reason))
+            return True
+        return super().interrupt(job_id, reason)
 
     async def run(self) -> None:
         """Claim and hand out until stopped; then the running sync handlers
@@ -461,10 +497,10 @@ class ThreadLane(Lane):
         gate, loop = self.life.alone, asyncio.get_running_loop()
         tasks = []
         for job in started.jobs:
-            run = SyncRun(job)
+            run = SyncRun(job, reason=CANCELLED if job.id in self.cancels else None)
             gate.enter()
             done = self.pool.submit(run, self._in_thread)
-            task = asyncio.create_task(self._follow(run, done))
+            task = asyncio.create_task(self._follow(run, done, self.queue))
             self.jobs[task] = run
             task.add_done_callback(self.jobs.pop)
             task.add_done_callback(lambda _: gate.leave())
@@ -476,10 +512,17 @@ class ThreadLane(Lane):
         if batch is ALONE_CLAIM_ONLY:
             await asyncio.wait(tasks)
 
-    async def _follow(self, run: SyncRun, done: asyncio.Future[Any]) -> None:
+    async def _follow(self, run: SyncRun, done: asyncio.Future[Any], queue: str) -> None:
         """Count what the thread recorded; a job it could not record (its
         connection failed before the outcome was written) goes back to the
-        queue, as a lane's jobs do when their batch's connection is lost."""
+        queue, as a lane's jobs do when their batch's connection is lost.
+
+        A job recorded waiting again (a retry, a snooze) is due at the time
+        of that statement plus its delay, which nothing announces, and this
+        lane went on claiming meanwhile: a claim whose snapshot began before
+        the record committed may have set its floor past the job (with no
+        delay, at once). So the floors go back to where the job waited
+        before, which is never past where it waits now."""
         job = run.job
         try:
             recorded = await done
@@ -499,6 +542,8 @@ class ThreadLane(Lane):
             return
         if recorded is not None:
             out, latencies = recorded
+            if any(out.retry) or out.snoozed_ids:
+                self.life.floors.lower(queue, job.priority, job.run_at, job.id)
             self.life.stats.count_batch(out, latencies)
             if out.done_ids and logger.isEnabledFor(logging.DEBUG):
                 self._log_completed([job], out)
@@ -563,6 +608,8 @@ class ThreadLane(Lane):
         handler = cast(SyncJobHandler | None, self.registry.get(job.job_type))
         if handler is None or not self.registry.is_sync(job.job_type):
             raise HandlerError(f"no sync handler registered for job type {job.job_type!r}")
+        if run.reason is not None:  # cancelled before its thread started it
+            raise Interrupted(run.reason)
         conn.begin()
         # Bound to a connection already in a transaction, the session joins
         # it instead of owning it: its close() leaves it open, its rollback()
@@ -580,7 +627,8 @@ class ThreadLane(Lane):
                 raise HandlerError("the handler returned inside a begin_nested() it opened")
             session.flush()  # objects added but not flushed are the job's writes too
         finally:
-            session.info[IN_HANDLER] = run.in_handler = False
+            with run.guard:  # a statement cancel on its way lands before the outcome's
+                session.info[IN_HANDLER] = run.in_handler = False
             session.close()
         if run.reason is not None:
             raise Interrupted(run.reason)
