@@ -19,18 +19,24 @@ $(STAMP): pyproject.toml
 ## test: every test and notebook against the embedded PostgreSQL 16 (or DATABASE_URL);
 ## the embedded server is stopped again afterwards if this run started it. The tests
 ## run in TEST_PROCESSES processes at once (pytest-xdist; tests marked `serial` alone),
-## without the nbval plugin, whose import costs seconds per process; the notebooks after.
+## without the nbval plugin, whose import costs seconds per process; then the notebooks,
+## TEST_PROCESSES at a time too (a notebook's cells in one process, in order), except
+## the lessons in LESSONS_ALONE, run after the others with nothing beside them (what
+## they show depends on every transaction of the cluster: the vacuum horizon).
 TEST_PROCESSES ?= 2
+LESSONS_ALONE := notebooks/lessons/08_vacuum_horizon.ipynb
+NBVAL_LESSONS := --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 test: setup
 	@up=0; [ -n "$$DATABASE_URL" ] || ! $(BIN)/jobqueue db url >/dev/null 2>&1 || up=1; \
 	status=0; \
 	$(BIN)/python -m pytest -p no:nbval -n $(TEST_PROCESSES) --dist loadfile || status=$$?; \
 	if ls notebooks/lessons/*.ipynb >/dev/null 2>&1; then \
-		$(BIN)/python -m pytest --nbval notebooks/lessons \
-			--nbval-sanitize-with notebooks/sanitize.cfg || status=$$?; fi; \
+		$(BIN)/python -m pytest $(NBVAL_LESSONS) -n $(TEST_PROCESSES) --dist loadfile \
+			notebooks/lessons $(LESSONS_ALONE:%=--ignore=%) || status=$$?; \
+		$(BIN)/python -m pytest $(NBVAL_LESSONS) $(LESSONS_ALONE) || status=$$?; fi; \
 	if ls notebooks/benchmarks/*.ipynb >/dev/null 2>&1; then \
-		JOBQUEUE_LAB_SIZE=smoke $(BIN)/python -m pytest --nbval-lax notebooks/benchmarks \
-			|| status=$$?; fi; \
+		JOBQUEUE_LAB_SIZE=smoke $(BIN)/python -m pytest --nbval-lax \
+			-n $(TEST_PROCESSES) --dist loadfile notebooks/benchmarks || status=$$?; fi; \
 	[ -n "$$DATABASE_URL" ] || [ $$up = 1 ] || $(BIN)/jobqueue db down; \
 	exit $$status
 

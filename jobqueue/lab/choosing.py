@@ -207,7 +207,8 @@ async def _waiting(conn: asyncpg.Connection, app_name: str, key: int) -> bool:
     return bool(await conn.fetchval(
         """SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
            WHERE a.application_name = $1 AND l.locktype = 'advisory'
-             AND l.classid = $2 AND l.objid = $3 AND NOT l.granted""",
+             AND l.classid = $2 AND l.objid = $3 AND NOT l.granted
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())""",
         app_name, LESSON, key))
 
 
