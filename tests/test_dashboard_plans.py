@@ -55,7 +55,8 @@ async def big(server_url: str, template_url: str) -> AsyncIterator[asyncpg.Conne
         await conn.execute(f"""
             INSERT INTO jobs (id, job_type, queue, priority, status, run_at, created_at,
                               started_at, completed_at, worker_id, error_message)
-            SELECT CAST(md5(CAST(i AS text)) AS uuid), CASE WHEN i % 3 = 0 THEN 'b' ELSE 'a' END, 'q' || (i % 10), i % 5 - 2,
+            SELECT CAST(md5(CAST(i AS text)) AS uuid),
+                   CASE WHEN i % 3 = 0 THEN 'b' ELSE 'a' END, 'q' || (i % 10), i % 5 - 2,
                    s, t, t,
                    CASE WHEN s <> 'pending' THEN t END,
                    CASE WHEN s IN ('completed', 'failed') THEN t + interval '1 s' END,

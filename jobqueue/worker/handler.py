@@ -54,6 +54,7 @@ from sqlalchemy.util import await_only
 from jobqueue.enqueue import check_strings
 from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, TIMEOUT_MAX
 from jobqueue.schema.queries import queries
+from jobqueue.worker.guard import refusal
 
 #: Most savepoints one batch transaction may open: PostgreSQL's per-backend
 #: cache of subtransaction ids (PGPROC_MAX_CACHED_SUBXIDS).
@@ -66,7 +67,7 @@ JOB = "jobqueue_job"  # how the running job runs: ISOLATED, PLAIN, or None betwe
 JOB_SAVEPOINT = "jobqueue_job_savepoint"  # an isolated job's savepoint is open
 TOUCHED = "jobqueue_touched"  # the running job's handler sent a statement
 UNDO = "jobqueue_undo"  # a plain job's session rolled back after writing: undo impossible
-COMMITTED = "jobqueue_committed"  # the handler committed the session's connection itself
+REFUSED = "jobqueue_refused"  # why the handler's attempt to end the transaction was refused
 INTERRUPT = "jobqueue_interrupt"  # why the running handler is being stopped (interrupt.py)
 IN_STATEMENT = "jobqueue_in_statement"  # a statement of the handler is on its way
 ISOLATED, PLAIN = "isolated", "plain"
@@ -160,9 +161,14 @@ class HandlerError(RuntimeError):
 
 
 class HandlerCommitError(RuntimeError):
-    """A handler called commit() on its session. Its writes must commit with
-    the job's completion, or a failure after the commit would leave them
-    committed and the retry would write them again."""
+    """A handler tried to end its job's transaction: it called commit() on
+    its session, or sent COMMIT, ROLLBACK and the like (`guard.py`). Its
+    writes must commit with the job's completion, or a failure after the
+    commit would leave them committed and the retry would write them again."""
+
+
+#: The error of a handler that called commit() on its session.
+COMMIT_REFUSED = "handlers must not commit: their writes commit with the job's completion"
 
 
 class JobInterrupted(Exception):
@@ -208,7 +214,8 @@ def start_job(info: dict[Any, Any], isolated: bool) -> None:
     """A handler is about to run, isolated (its first statement opens its
     savepoint) or plain."""
     info[JOB] = ISOLATED if isolated else PLAIN
-    info[JOB_SAVEPOINT] = info[TOUCHED] = info[UNDO] = info[COMMITTED] = False
+    info[JOB_SAVEPOINT] = info[TOUCHED] = info[UNDO] = False
+    info[REFUSED] = None
     info.pop(DB_ERROR, None)
 
 
@@ -222,12 +229,14 @@ def touched(info: dict[Any, Any]) -> bool:
     return bool(info.get(TOUCHED))
 
 
-def connection_committed(info: dict[Any, Any]) -> bool:
-    """Did the handler commit its session's connection (`(await
-    session.connection()).commit()`)? Nothing reached the server (the lane's
-    connection is in autocommit mode at SQLAlchemy's level), but its session
-    no longer tracks its writes: the job fails, and its writes go with it."""
-    return bool(info.get(COMMITTED))
+def refused(info: dict[Any, Any]) -> str | None:
+    """Did the handler try to end its job's transaction? It committed its
+    session's connection (`(await session.connection()).commit()`: nothing
+    reached the server, the lane's connection being in autocommit mode at
+    SQLAlchemy's level, but its session no longer tracks its writes), or sent
+    a statement that would have (`guard.py`: refused before it was sent).
+    The job fails even if the handler caught the error, and its writes go."""
+    return info.get(REFUSED)
 
 
 def undo_impossible(info: dict[Any, Any]) -> bool:
@@ -249,8 +258,7 @@ def refuse_handler_commit(session: Any) -> None:
     handler's own, `begin_nested()`, commits as usual: it releases that
     savepoint only)."""
     if session.info.get(IN_HANDLER) and not session.in_nested_transaction():
-        raise HandlerCommitError(
-            "handlers must not commit: their writes commit with the job's completion")
+        raise HandlerCommitError(COMMIT_REFUSED)
 
 
 # -- the engine's hooks (SQLAlchemy calls them in its greenlet, so they may
@@ -265,6 +273,9 @@ def _before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
         return
     if info.get(INTERRUPT):
         raise JobInterrupted(info[INTERRUPT])
+    if (reason := refusal(statement)) is not None:
+        info[REFUSED] = reason
+        raise HandlerCommitError(reason)
     info[TOUCHED] = True
     if job == ISOLATED and not info[JOB_SAVEPOINT]:
         _simple(conn, queries["job_savepoint"].sql)
@@ -294,7 +305,7 @@ def _roll_back_job(conn: Any) -> None:
 
 def _note_commit(conn: Any) -> None:
     if conn.info.get(JOB) is not None:
-        conn.info[COMMITTED] = True
+        conn.info[REFUSED] = COMMIT_REFUSED
 
 
 def _recovered(conn: Any, name: str, context: Any) -> None:

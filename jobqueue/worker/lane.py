@@ -84,11 +84,11 @@ from jobqueue.worker.handler import (
     Snooze,
     SwallowedDatabaseError,
     _current_job,
-    connection_committed,
     encode_result,
     end_job,
     error_text,
     refuse_handler_commit,
+    refused,
     roll_back_job,
     start_job,
     start_transaction,
@@ -700,9 +700,8 @@ class Lane:
         if session.in_nested_transaction():
             # Left open, the next job's rollback would reach back into it.
             raise HandlerError("the handler returned inside a begin_nested() it opened")
-        if connection_committed(info):
-            raise HandlerCommitError(
-                "handlers must not commit: their writes commit with the job's completion")
+        if (reason := refused(info)) is not None:
+            raise HandlerCommitError(reason)
         if _pending(session.sync_session):
             await session.flush()  # objects added but not flushed are the job's writes too
         if info.pop(DB_ERROR, False):

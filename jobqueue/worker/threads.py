@@ -89,7 +89,9 @@ from jobqueue.worker.batch import (
 )
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.floors import Arms
+from jobqueue.worker.guard import refusal
 from jobqueue.worker.handler import (
+    COMMIT_REFUSED,
     IN_HANDLER,
     ClaimedJob,
     HandlerCommitError,
@@ -137,6 +139,8 @@ class SyncRun:
     began: bool = False
     #: A statement of the handler failed and no savepoint of its own undid it.
     db_error: bool = False
+    #: Why the handler's attempt to end its transaction was refused (`guard.py`).
+    refused: str | None = None
 
 
 class ThreadPool:
@@ -325,6 +329,10 @@ def _before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
     if run.reason is not None:
         run.in_statement = False
         raise Interrupted(run.reason)
+    if (reason := refusal(statement)) is not None:
+        run.in_statement = False
+        run.refused = reason
+        raise HandlerCommitError(reason)
     if not run.began:
         run.driver.execute("BEGIN")
         run.began = True
@@ -347,9 +355,9 @@ def _refuse_commit(conn: Any) -> None:
     """The handler committed its connection itself (`session.connection()
     .commit()`): refused before it reaches the server, or writes committed
     before a later failure would be written again by the retry."""
-    if _run_of(conn) is not None:
-        raise HandlerCommitError(
-            "handlers must not commit: their writes commit with the job's completion")
+    if (run := _run_of(conn)) is not None:
+        run.refused = COMMIT_REFUSED
+        raise HandlerCommitError(COMMIT_REFUSED)
 
 
 def _note_error(context: Any) -> None:
@@ -632,6 +640,8 @@ class ThreadLane(Lane):
             session.close()
         if run.reason is not None:
             raise Interrupted(run.reason)
+        if run.refused is not None:
+            raise HandlerCommitError(run.refused)
         if run.db_error:
             raise SwallowedDatabaseError(
                 "the handler caught a database error and went on; its writes are void")
