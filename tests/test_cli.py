@@ -68,6 +68,7 @@ async def test_run_at_schedules_the_job(db_url: str, conn: asyncpg.Connection) -
         (["worker", "--import", "no_such_module_anywhere"], "cannot import"),
         (["worker", "--import", "tests.bad_schedule"],
          "ValueError: cron expression '61 * * * *' is not valid: bad minute"),
+        (["worker", "--burst"], "no handlers are registered, so this worker could run no job"),
         (["worker", "--concurrency", "0", "--burst"], "concurrency"),
         (["worker", "--threads", "0", "--burst"], "threads must be a whole number, 1 or more"),
         (["worker", "--summary-interval", "-1", "--burst"], "summary interval"),

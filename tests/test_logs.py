@@ -252,3 +252,7 @@ async def test_the_worker_as_the_readme_starts_it_logs_no_line_per_job(
     lines = result.stderr.splitlines()
     assert not [ln for ln in lines if "completed in" in ln]
     assert re.search(r"INFO jobqueue\.worker: worker \d+ stopped: .*\"processed\": 30", lines[-1])
+    # Its role and what it runs, said once at the start.
+    [role] = [ln for ln in lines if "is active;" in ln]
+    assert re.search(r"worker \d+ is active; it runs 6 job types \(block, effect, noop, poison, "
+                     r"sleep, write_effect\) from every queue$", role), role

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -328,8 +329,9 @@ async def test_a_job_its_worker_died_running_alone_has_the_attempt_counted(
 
 
 async def test_only_one_runner_works_the_other_stands_by(
-    engine: AsyncEngine, db_url: str, registry, conn
+    engine: AsyncEngine, db_url: str, registry, conn, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="jobqueue.worker")
     async with engine.begin() as s:
         await enqueue_many(s, "send_email", [{"to": f"u{i}@t.com"} for i in range(20)])
     first, second = runner(db_url, registry), runner(db_url, registry)
@@ -350,6 +352,21 @@ async def test_only_one_runner_works_the_other_stands_by(
     assert not r2["was_active"] and r2["processed"] == 0
     workers = await conn.fetch("SELECT DISTINCT worker_id FROM jobs")
     assert [w["worker_id"] for w in workers] == [first.worker_id]
+    # Each said its role and what it runs.
+    roles = {r.worker_id: r.getMessage() for r in caplog.records  # type: ignore[attr-defined]
+             if getattr(r, "event", None) in ("worker_active", "worker_standby")}
+    serves = "it runs 1 job type (send_email) from every queue"
+    assert roles == {first.worker_id: f"worker {first.worker_id} is active; {serves}",
+                     second.worker_id: f"worker {second.worker_id} standing by (another "
+                                       f"worker is active); {serves}"}
+
+
+async def test_a_runner_without_handlers_does_not_start(db_url: str, conn) -> None:
+    """It would take the active role and run nothing, while a worker with
+    the handlers stood by behind it."""
+    with pytest.raises(db.ConfigError, match="no handlers are registered"):
+        await runner(db_url, HandlerRegistry()).run()
+    assert await conn.fetchval("SELECT count(*) FROM jobqueue_workers") == 0
 
 
 async def _count(conn: asyncpg.Connection, status: str, n: int) -> bool:

@@ -183,6 +183,12 @@ class JobRunner:
 
     async def run(self) -> dict[str, Any]:
         url = db.database_url(self.database_url)
+        if not len(self.registry):
+            # It would take the active role and run nothing, while a worker
+            # that has the handlers stood by behind it.
+            raise db.ConfigError(
+                "no handlers are registered, so this worker could run no job: import the "
+                "modules that register them (`jobqueue worker --import myapp.jobs`)")
         restore = self._install_signals()
         backoff = Backoff()
         try:
@@ -319,8 +325,10 @@ class JobRunner:
             return True
         if await queries["try_lock"].fetchval(control, lock_class=LOCK_CLASS, key=ACTIVE_KEY):
             return True
-        logger.info("worker %d standing by: another worker is active", self.worker_id,
-                    extra={"event": "worker_standby", "worker_id": self.worker_id})
+        logger.info("worker %d standing by (another worker is active); it runs %s",
+                    self.worker_id, self._serving(),
+                    extra={"event": "worker_standby", "worker_id": self.worker_id,
+                           **self._serving_fields()})
         waiting = asyncio.ensure_future(
             queries["lock_active"].fetch(control, lock_class=LOCK_CLASS, key=ACTIVE_KEY))
         stopping = asyncio.ensure_future(self._stop_requested.wait())
@@ -346,10 +354,11 @@ class JobRunner:
         await queries["rename_connection"].fetch(
             control, name=self._app_name("shared" if shared else "active"))
         await control.add_listener(CHANNEL, self._on_notify)
-        logger.info("worker %d is %s", self.worker_id,
-                    "working (shared mode)" if shared else "active",
+        logger.info("worker %d is %s; it runs %s", self.worker_id,
+                    "working (shared mode)" if shared else "active", self._serving(),
                     extra={"event": "worker_active", "worker_id": self.worker_id,
-                           "mode": "shared" if shared else "exclusive"})
+                           "mode": "shared" if shared else "exclusive",
+                           **self._serving_fields()})
         self.stats.start_clock()
         self._active.set()
         async with self.monitor_lock:
@@ -528,6 +537,23 @@ class JobRunner:
             self.floors.heard(payload)  # where new jobs wait (`floors.py`)
         self.wake.set()
 
+    def _serving(self) -> str:
+        """What this worker runs, for the line that says its role: its job
+        types (the sync ones marked) and queues."""
+        types = [f"{t} (sync)" if self.registry.is_sync(t) else t for t in self.job_types]
+        shown = ", ".join(types[:_TYPES_SHOWN])
+        if len(types) > _TYPES_SHOWN:
+            shown += f" and {len(types) - _TYPES_SHOWN} more"
+        served = self.config.served
+        queues = "every queue" if served is None else (
+            f"queue{'s' if len(served) > 1 else ''} {', '.join(served)}")
+        return f"{len(types)} job type{'s' if len(types) != 1 else ''} ({shown}) from {queues}"
+
+    def _serving_fields(self) -> dict[str, Any]:
+        served = self.config.served
+        return {"job_types": list(self.job_types),
+                "queues": None if served is None else list(served)}
+
     def _app_name(self, role: str) -> str:
         return f"jobqueue worker {self.worker_id} {role} {self.name}"[:63]
 
@@ -571,6 +597,9 @@ def _raise_from(guards: Sequence[asyncio.Future[Any]]) -> None:
     if any(g.done() for g in guards):
         raise ConnectionError("the control connection was lost")
 
+
+#: Job types named in the line that says a worker's role (the rest are counted).
+_TYPES_SHOWN = 10
 
 #: Seconds a connection of a life that ends gets to say goodbye and close.
 CLOSE_TIMEOUT = 5.0
