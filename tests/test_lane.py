@@ -14,24 +14,26 @@ from jobqueue.worker import WorkerConfig
 from jobqueue.worker.alone import AloneGate
 from jobqueue.worker.batch import CLAIMED, TAKEN
 from jobqueue.worker.book import QueueBook
+from jobqueue.worker.doorbell import Doorbell
 from jobqueue.worker.floors import Floors
 from jobqueue.worker.handler import SAVEPOINT_LIMIT
 from jobqueue.worker.lane import Lane, Life, Plan
 from jobqueue.worker.stats import WorkerStats
 
 
-def lane(per_job: float | None = None, savepoints_per_job: float = 0.0, **settings: object
-         ) -> Lane:
+def lane(per_job: float | None = None, savepoints_per_job: float = 0.0, lone: bool = False,
+         **settings: object) -> Lane:
     async def hand_back(ids: list[uuid.UUID] | None) -> int:
         raise AssertionError("planning hands nothing back")
 
     life = Life(worker_id=1, registry=HandlerRegistry(), stats=WorkerStats(),
-                isolated_types=set(), wake=asyncio.Event(), stop=asyncio.Event(),
+                isolated_types=set(), bell=Doorbell(), stop=asyncio.Event(),
                 abandon=asyncio.Event(), hand_back=hand_back, cancel_statement=hand_back,
                 record_batch=hand_back, alone=AloneGate(),
                 book=QueueBook(1.0), floors=Floors(), job_types=[])
     made = Lane(WorkerConfig(**settings), life, engine=None, number=0)  # type: ignore[arg-type]
     made.per_job, made.savepoints_per_job = per_job, savepoints_per_job
+    made.lone = lone
     return made
 
 
@@ -45,6 +47,16 @@ def test_fast_jobs_are_taken_in_batches_sized_to_last_quick_batch() -> None:
     assert lane(per_job=0.0).plan() == Plan(take=True, limit=1000)  # no-ops: batch_size
     assert lane(per_job=0.0, batch_size=10).plan() == Plan(take=True, limit=10)
     assert lane(per_job=0.049).plan() == Plan(take=True, limit=1)  # never fewer than one
+
+
+def test_a_lane_whose_last_claim_saw_nothing_else_due_claims_one_job() -> None:
+    """Fast jobs, but the last batch was the only one due: the next job most
+    likely arrives alone, and a claimed job of its own costs fewer round trips."""
+    assert lane(per_job=0.0001, lone=True).plan() == Plan(take=False, limit=1)
+    assert lane(per_job=0.0001, lone=False).plan() == Plan(take=True, limit=500)
+    # Without quick batches nothing is taken anyway: claims of batch_size.
+    assert lane(per_job=0.0001, lone=True, quick_batch=0).plan() == Plan(take=False,
+                                                                         limit=1000)
 
 
 def test_slow_jobs_are_claimed_one_at_a_time() -> None:

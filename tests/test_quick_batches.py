@@ -17,8 +17,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobqueue import HandlerRegistry, JobRunner, current_job, enqueue, enqueue_many
+from jobqueue.schema.queries import queries
 from jobqueue.testing import drain as drain_all
-from jobqueue.testing import sql_trace
+from jobqueue.testing import sql_trace, wait_for
 
 
 async def drain(*args: Any, **options: Any) -> dict[str, Any]:
@@ -55,8 +56,11 @@ async def test_a_lanes_first_job_is_claimed_then_quick_batches_follow(
                              quick_batch=1.0)
     assert seen[0] == "processing"  # pace unknown: one job, claimed, to learn it
     assert seen[1:] == ["pending"] * 5  # fast jobs: taken and finished in one transaction
-    assert trace.count("claim  (jobqueue/schema/queries.sql)") == 1
-    assert trace.count("take  (jobqueue/schema/queries.sql)") == 4  # 2 + 2 + 1, then nothing
+    # The first job claimed; 2 + 2 + 1 taken; the last take saw no other job
+    # due, so the lane's next look is a claim of one (a lone job's way), which
+    # finds nothing.
+    assert trace.count("claim  (jobqueue/schema/queries.sql)") == 2
+    assert trace.count("take  (jobqueue/schema/queries.sql)") == 3
     assert report["processed"] == 6 and report["batches"] == 4
     rows = await conn.fetch("SELECT status, started_at, completed_at, worker_id FROM jobs")
     assert {r["status"] for r in rows} == {"completed"}
@@ -150,3 +154,62 @@ async def test_a_quick_batch_that_cannot_commit_is_rerun_job_by_job(
     assert "ForeignKeyViolation" in error
     assert await conn.fetchval("SELECT count(*) FROM children") == 5
     assert report["processed"] == 5 and report["failed"] == 1
+
+
+async def test_a_job_that_arrives_alone_is_claimed_and_begins_no_transaction_it_does_not_need(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    """An idle lane gets one job at a time: a claim (committed without waiting
+    for the disk), then, for a job that sends nothing, its `complete` alone in
+    autocommit; a job that writes begins the transaction at its first statement."""
+    await conn.execute("CREATE TABLE lone_writes (job_id uuid)")
+    registry = HandlerRegistry()
+
+    @registry.register("nothing")
+    async def nothing(session: AsyncSession, payload: dict[str, Any]) -> None:
+        pass
+
+    @registry.register("write")
+    async def write(session: AsyncSession, payload: dict[str, Any]) -> None:
+        await session.execute(text("INSERT INTO lone_writes VALUES (:id)"),
+                              {"id": current_job().id})
+
+    async def one(job_type: str) -> list[str]:
+        """What the lane sent for one job enqueued while it was idle."""
+        await wait_for(lambda: runner.bell.waiting == 1, message="an idle lane")
+        start = len(trace)
+        async with engine.begin() as s:
+            job_id = await enqueue(s, job_type, {})
+        await wait_for(lambda: conn.fetchval(
+            "SELECT status = 'completed' FROM jobs WHERE id = $1", job_id), message="the job")
+        # From the enqueue's COMMIT (the lane can see the job only from then
+        # on) to the job's outcome; the lane's look for more work follows.
+        sent = trace[start:]
+        sent = sent[sent.index("COMMIT") + 1:]
+        return sent[:sent.index("complete  (jobqueue/schema/queries.sql)") + 2]
+
+    runner = JobRunner(db_url, registry=registry, concurrency=1, poll_interval=60.0)
+    with sql_trace() as trace:
+        task = asyncio.create_task(runner.run())
+        try:
+            await asyncio.wait_for(runner.wait_active(), 10)
+            first = await one("nothing")  # a lane's first job: claimed anyway
+            assert await one("nothing") == first == [
+                "claim  (jobqueue/schema/queries.sql)",
+                "complete  (jobqueue/schema/queries.sql)",
+                "claim  (jobqueue/schema/queries.sql)"]  # the look for more: nothing
+            assert await one("write") == [
+                "claim  (jobqueue/schema/queries.sql)", "BEGIN",
+                "INSERT INTO lone_writes VALUES ($1)",
+                "complete  (jobqueue/schema/queries.sql)", "COMMIT"]
+        finally:
+            runner.stop()
+            await asyncio.wait_for(task, 30)
+    assert await conn.fetchval("SELECT count(*) FROM lone_writes") == 1
+    # The claim turns synchronous_commit off for its own transaction only.
+    async with conn.transaction():
+        await conn.fetch(queries["claim"].positional, *queries["claim"].args(
+            {"limit": 1, "worker_id": 1, "queue": "default", "job_types": ["nothing"],
+             "priorities": [0], "floors": [None], "floor_ids": [None]}))
+        assert await conn.fetchval("SHOW synchronous_commit") == "off"
+    assert await conn.fetchval("SHOW synchronous_commit") == "on"

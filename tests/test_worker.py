@@ -284,7 +284,7 @@ async def test_plain_sql_insert_is_a_job_and_wakes_an_idle_worker(db_url, regist
     r = runner(db_url, registry, poll_interval=60.0)
     async with running(r):
         await asyncio.wait_for(r.wait_active(), 10)
-        await wait_for(lambda: r.wake.is_set() is False, message="an idle runner")
+        await wait_for(lambda: r.bell.waiting > 0, message="an idle runner")
         job_id = await conn.fetchval(
             "INSERT INTO jobs (job_type, payload) VALUES ('send_email', '{\"to\": \"sql@x\"}') "
             "RETURNING id")

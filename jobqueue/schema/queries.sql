@@ -68,6 +68,12 @@ SELECT id FROM new ORDER BY n;
 -- finished, or not this worker's to take; one that shows up there later (a
 -- transaction that began earlier commits, a job is put back) announces
 -- itself (`jobqueue_announce`) and the worker lowers the floor.
+--
+-- The claim commits without waiting for its WAL to reach the disk
+-- (synchronous_commit off for its own transaction, `set_config(..., true)`:
+-- PostgreSQL applies the setting in force when a transaction commits). A
+-- claim lost in a server crash only leaves its job waiting, and the job's
+-- completion, which waits for the disk, flushes the claim's record with its own.
 WITH arm AS (
     SELECT priority, coalesce(at, '-infinity') AS at,
            coalesce(id, '00000000-0000-0000-0000-000000000000') AS id
@@ -107,6 +113,7 @@ WITH arm AS (
     SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
     FROM due
     WHERE j.id = due.id
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     RETURNING j.id, j.job_type, CAST(j.payload AS text) AS payload, j.retry_count,
               j.max_retries, j.timeout, j.priority, j.run_at
 )
@@ -121,8 +128,10 @@ ORDER BY c.priority DESC, c.run_at, c.id;
 -- off until the commit; a crash rolls back and releases them untouched.
 -- What it may take is what `claim` may, read the same way (arms, floors, the
 -- same gate), and each row says where the next claim may start as there.
--- The lane then reads the transaction's id (`batch_xid`) and writes it with
--- the ids in `jobqueue_batches` (`record_batch`) before it runs them.
+-- Each row also carries the transaction's id (`xid`, the same on every row:
+-- a subquery without references, run once, when the first row is out, so an
+-- empty take assigns none), which the lane writes with the ids in
+-- `jobqueue_batches` (`record_batch`) before it runs them.
 WITH arm AS (
     SELECT priority, coalesce(at, '-infinity') AS at,
            coalesce(id, '00000000-0000-0000-0000-000000000000') AS id
@@ -159,7 +168,8 @@ WITH arm AS (
     WHERE a.priority IN (SELECT priority FROM taken)
 )
 SELECT t.id, t.job_type, CAST(t.payload AS text) AS payload, t.retry_count, t.max_retries,
-       t.timeout, t.priority, t.run_at, n.floor, n.floor_id, t.ctid AS tid
+       t.timeout, t.priority, t.run_at, n.floor, n.floor_id, t.ctid AS tid,
+       (SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint)) AS xid
 FROM taken AS t JOIN next AS n ON n.priority = t.priority
 ORDER BY t.priority DESC, t.run_at, t.id;
 
@@ -275,10 +285,11 @@ SELECT name, paused, concurrency, rate_limit, rate_period FROM jobqueue_queues;
 -- retake --
 -- Lock given jobs again, if still waiting and due (a quick batch that could
 -- not commit is rerun one job per transaction; meanwhile another worker may
--- have tried one and scheduled its retry for later).
+-- have tried one and scheduled its retry for later), with the transaction's
+-- id as `take` gives it.
 SELECT id, job_type, CAST(payload AS text) AS payload, retry_count, max_retries, timeout,
        priority, run_at, CAST(NULL AS timestamptz) AS floor, CAST(NULL AS uuid) AS floor_id,
-       ctid AS tid
+       ctid AS tid, (SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint)) AS xid
 FROM jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'retrying')
   AND run_at <= now()
@@ -410,10 +421,6 @@ WITH back AS (
 -- They wait where they were, behind the floors of lanes that took the jobs
 -- after them; the update trigger says where, and wakes the workers.
 SELECT count(*) AS n FROM back;
-
--- batch_xid --
--- The id of the open batch transaction (assigned by the row locks it took).
-SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid;
 
 -- record_batch --
 -- Before a quick batch runs: its jobs and its transaction, on a connection

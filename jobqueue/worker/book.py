@@ -10,6 +10,7 @@ queue. A stale book costs a lane an empty claim, never a broken limit.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import math
 import time
 from typing import Any, NamedTuple
@@ -44,11 +45,22 @@ class QueueBook:
         #: Bumped by every change notification: a read that began before one
         #: does not count as fresh.
         self._changes = 0
+        #: Queues announced since the last look began (`heard`): a look whose
+        #: snapshot came before the announcing commit must not forget them.
+        self._news: dict[str, float] = {}
 
     def settings_changed(self) -> None:
         """A notification said a queue was paused, resumed or limited."""
         self._changes += 1
         self.settings_read_at = -float("inf")
+
+    def heard(self, queue: str, at: dt.datetime) -> None:
+        """A notification said jobs wait in `queue` from `at` on: the lanes
+        try it on their next turn without looking first (a look is a round
+        trip, and after a lone job's NOTIFY it only found what was said)."""
+        due_in = max(0.0, (at - dt.datetime.now(dt.UTC)).total_seconds())
+        for seen in (self.waiting, self._news):
+            seen[queue] = min(due_in, seen.get(queue, math.inf))
 
     def _fresh(self) -> bool:
         return time.monotonic() - self.settings_read_at < self.poll_interval
@@ -87,13 +99,14 @@ class QueueBook:
         the lanes' floors, or from the front of the index when a life has
         not looked there yet or not for DISCOVER_INTERVAL (`floors.py`)."""
         now = time.monotonic()
+        self._news = {}
         if floors.discovered_at is None or now - floors.discovered_at >= DISCOVER_INTERVAL:
             floors.discovered_at = now
             rows = await queries["waiting_queues"].fetch(raw)
             floors.discovered(rows)
         else:
             rows = await queries["waiting_after"].fetch(raw, **floors.lowest())
-        waiting: dict[str, float] = {}
+        waiting = dict(self._news)
         for r in rows:
             waiting[r["queue"]] = min(r["due_in"], waiting.get(r["queue"], math.inf))
         self.waiting = waiting

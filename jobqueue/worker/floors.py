@@ -163,10 +163,11 @@ class Floors:
         for job in jobs:
             self.lower(queue, job.priority, job.run_at, job.id, lane)
 
-    def heard(self, payload: str) -> bool:
-        """Apply a `due:` announcement (False: not one, or not readable)."""
+    def heard(self, payload: str) -> tuple[str, dt.datetime] | None:
+        """Apply a `due:` announcement: the queue it names and when its
+        earliest job is due (None: not one, or not readable)."""
         if not payload.startswith(DUE_PREFIX):
-            return False
+            return None
         try:
             priority, epoch, queue = payload[len(DUE_PREFIX):].split(":", 2)
             at = _from_epoch(epoch)
@@ -174,8 +175,8 @@ class Floors:
         except (ValueError, OverflowError):
             logger.warning("ignored an unreadable notification %r", payload,
                            extra={"event": "notification_unreadable"})
-            return False
-        return True
+            return None
+        return queue, at
 
     def lowest(self) -> dict[str, list[Any]]:
         """Every known pair and the lowest floor any lane has there (None

@@ -70,6 +70,7 @@ UNDO = "jobqueue_undo"  # a plain job's session rolled back after writing: undo 
 REFUSED = "jobqueue_refused"  # why the handler's attempt to end the transaction was refused
 INTERRUPT = "jobqueue_interrupt"  # why the running handler is being stopped (interrupt.py)
 IN_STATEMENT = "jobqueue_in_statement"  # a statement of the handler is on its way
+BEGIN_FIRST = "jobqueue_begin_first"  # the batch's transaction begins with the next statement
 ISOLATED, PLAIN = "isolated", "plain"
 #: Key in a lane session's `info` dict: a handler is running.
 IN_HANDLER = "jobqueue_in_handler"
@@ -204,10 +205,12 @@ def lane_engine(url: str, lanes: int, application_name: str) -> AsyncEngine:
     return engine
 
 
-def start_transaction(info: dict[Any, Any]) -> None:
-    """A new batch transaction on a lane connection: no savepoint open yet."""
+def start_transaction(info: dict[Any, Any], begun: bool = True) -> None:
+    """A new batch transaction on a lane connection: no savepoint open yet;
+    not `begun`: the handler's first statement begins it (`batch.Deferred`)."""
     info[SAVEPOINTS] = 0
     info[JOB] = None
+    info[BEGIN_FIRST] = not begun
 
 
 def start_job(info: dict[Any, Any], isolated: bool) -> None:
@@ -277,10 +280,17 @@ def _before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
         info[REFUSED] = reason
         raise HandlerCommitError(reason)
     info[TOUCHED] = True
+    first = []  # what must precede the statement, sent as one simple query
+    if info.get(BEGIN_FIRST):
+        first.append("BEGIN")  # the batch's transaction (`batch.Deferred`)
     if job == ISOLATED and not info[JOB_SAVEPOINT]:
-        _simple(conn, queries["job_savepoint"].sql)
-        info[JOB_SAVEPOINT] = True
-        info[SAVEPOINTS] = info.get(SAVEPOINTS, 0) + 1
+        first.append(queries["job_savepoint"].sql)
+    if first:
+        _simple(conn, "; ".join(first))
+        info[BEGIN_FIRST] = False
+        if job == ISOLATED and not info[JOB_SAVEPOINT]:
+            info[JOB_SAVEPOINT] = True
+            info[SAVEPOINTS] = info.get(SAVEPOINTS, 0) + 1
     info[IN_STATEMENT] = True
 
 

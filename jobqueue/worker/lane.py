@@ -62,6 +62,7 @@ from jobqueue.worker.batch import (
     TAKEN,
     BatchKind,
     Decided,
+    Deferred,
     LostOwnership,
     Outcomes,
     Rerun,
@@ -71,6 +72,7 @@ from jobqueue.worker.batch import (
 )
 from jobqueue.worker.book import QueueBook
 from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.doorbell import Doorbell
 from jobqueue.worker.floors import NO_ARMS, Arms, Floors
 from jobqueue.worker.handler import (
     DB_ERROR,
@@ -122,8 +124,8 @@ class Life:
     #: Job types that failed after writing without a savepoint: they run in
     #: savepoints from then on (`savepoints="auto"`); kept across lives.
     isolated_types: set[str]
-    #: Set when new jobs may be due (a notification, or a stop).
-    wake: asyncio.Event
+    #: Wakes idle lanes when new jobs may be due (a notification, or a stop).
+    bell: Doorbell
     #: Set by a stop request: take no new batch, start no new job.
     stop: asyncio.Event
     #: Set when running lanes are being cut off on purpose: their errors are expected.
@@ -162,6 +164,9 @@ class Lane:
         #: The queues the last empty round tried.
         self.tried: set[str] = set()
         self.life = life
+        #: Lanes of one kind run the same job types (`doorbell.py`).
+        self.kind = tuple(life.job_types)
+        life.bell.join(self.kind)
         self.worker_id = life.worker_id
         self.registry = life.registry
         self.isolated_types = life.isolated_types
@@ -187,6 +192,8 @@ class Lane:
         self.claiming = False
         self.heard: set[uuid.UUID] = set()
         self.stopper: Stopper | None = None
+        #: The last claim saw no other job due where it took (`plan`).
+        self.lone = True
         #: The queue of the batch running now.
         self.queue = ""
 
@@ -236,7 +243,11 @@ class Lane:
         sized to last about that long (at most `batch_size`); slower ones are claimed
         one at a time, so `processing` means running and no transaction stays
         open across many slow jobs. A lane that has not run anything yet
-        claims one job to learn the pace. `quick_batch` 0: claimed batches of
+        claims one job to learn the pace; so does a lane whose last claim saw
+        no other job due (`lone`): what it finds next is most likely a job
+        that arrived alone, and a claimed batch of one costs two round trips
+        (its claim, then its outcome in autocommit, `batch.Deferred`) where a
+        quick batch costs five. `quick_batch` 0: claimed batches of
         up to `batch_size`, never taken. Jobs that write are at most
         SAVEPOINT_LIMIT to a batch, one savepoint each."""
         config = self.config
@@ -245,14 +256,14 @@ class Lane:
             limit = min(limit, max(1, int(SAVEPOINT_LIMIT / self.savepoints_per_job)))
         if config.quick_batch == 0:
             return Plan(False, limit)
-        if self.per_job is None or self.per_job > config.quick_batch:
+        if self.lone or self.per_job is None or self.per_job > config.quick_batch:
             return Plan(False, 1)
         if self.per_job > 0:
             limit = min(limit, int(config.quick_batch / self.per_job))
         return Plan(True, max(1, limit))
 
     async def _loop(self, conn: AsyncConnection) -> None:
-        wake = self.life.wake
+        bell = self.life.bell
         # One session for the lane's life, in one SQLAlchemy transaction that
         # sends no SQL; each job's savepoint comes from the engine's hooks.
         session = AsyncSession(bind=conn, expire_on_commit=False)
@@ -262,7 +273,7 @@ class Lane:
         self.stopper.pid = self.raw.get_server_pid()
         try:
             while not self.stopping:
-                wake.clear()
+                bell.clear(self.serves, self.kind)
                 if not await self._next_batch(conn, session) \
                         and not await self._wait_for_work():
                     return
@@ -292,6 +303,9 @@ class Lane:
                 batch = self.batch_kind(queue, take)
                 started = await self._claim(batch, limit, queue, floors.arms(self.number, queue))
                 if started is not None:
+                    self.lone = started.jobs[-1].floor_id is None
+                    if not self.lone:  # more are due than it took: wake a lane to help
+                        self.life.bell.ring(queue)
                     floors.advance(self.number, queue, started.jobs)
                     self.turn = (self.turn + step + 1) % len(queues)
                     await self._run_held(conn, session, started, batch)
@@ -334,7 +348,7 @@ class Lane:
                 # A sibling lane that found this batch's jobs due but locked
                 # waits to look again; once they are done it may be the end
                 # of the run, so it should not sleep out its poll interval.
-                self.life.wake.set()
+                self.life.bell.ring()
 
     async def _run_alone(self, conn: AsyncConnection, session: AsyncSession) -> bool:
         """Run the due jobs that must run alone (`alone.py`), one at a time,
@@ -419,8 +433,7 @@ class Lane:
         timeout = self.config.poll_interval
         if due_in is not None and due_in > 0:
             timeout = min(timeout, float(due_in))
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.life.wake.wait(), timeout)
+        await self.life.bell.wait(timeout, self.serves, self.kind)
         return True
 
     async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, started: Started,
@@ -462,7 +475,8 @@ class Lane:
         try:
             if started.xid is not None:
                 await life.record_batch(self.number, started.xid, [job.id for job in jobs])
-            await self._run_jobs(conn, session, jobs, batch, isolated, decided, outcomes)
+            await self._run_jobs(conn, session, jobs, batch, isolated, decided, outcomes,
+                                 begun=not isinstance(tx, Deferred))
             latencies = await self._record(outcomes, batch, jobs)
             await tx.commit()
         except Rerun as rerun:
@@ -504,13 +518,15 @@ class Lane:
 
     async def _run_jobs(self, conn: AsyncConnection, session: AsyncSession,
                         jobs: list[ClaimedJob], batch: BatchKind, isolated: bool,
-                        decided: dict[uuid.UUID, Decided], out: Outcomes) -> None:
+                        decided: dict[uuid.UUID, Decided], out: Outcomes,
+                        begun: bool = True) -> None:
         """The batch's handlers, one after another, until done or `_full`;
-        the `decided` jobs' outcomes first, without running them."""
+        the `decided` jobs' outcomes first, without running them. Not
+        `begun`: the first handler statement begins the transaction."""
         always = isolated or self.config.savepoints == "always"
         taken, isolated_types, stop = batch.taken, self.isolated_types, self.life.stop
         info, session_info = conn.info, session.info
-        start_transaction(info)
+        start_transaction(info, begun)
         for job in jobs:
             if job.id in decided:
                 self._note(job, decided[job.id], out)

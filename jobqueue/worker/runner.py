@@ -66,6 +66,7 @@ from jobqueue.worker import upkeep
 from jobqueue.worker.alone import ALONE, AloneGate
 from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.doorbell import Doorbell
 from jobqueue.worker.floors import Floors
 from jobqueue.worker.handler import lane_engine
 from jobqueue.worker.lane import Lane, Life
@@ -118,7 +119,7 @@ class JobRunner:
         self.state = "new"
         self.stats = WorkerStats()
         self.was_active = False
-        self.wake = asyncio.Event()
+        self.bell = Doorbell()
         #: The queues as this worker sees them, shared by its lanes.
         self.book = QueueBook(self.config.poll_interval)
         #: Where this life's lanes claim from (`floors.py`).
@@ -158,7 +159,7 @@ class JobRunner:
                     extra={"event": "worker_stopping", "worker_id": self.worker_id,
                            "grace_period_s": grace})
         self._stop_requested.set()
-        self.wake.set()
+        self.bell.ring()
 
     async def wait_active(self) -> None:
         """Return once this runner works (active, or shared): for tests and tools."""
@@ -381,7 +382,7 @@ class JobRunner:
             assert self._monitor is not None
             await self.book.look(self._monitor, self.floors)
         life = Life(worker_id=self.worker_id, registry=self.registry, stats=self.stats,
-                    isolated_types=self.isolated_types, wake=self.wake,
+                    isolated_types=self.isolated_types, bell=self.bell,
                     stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back,
                     cancel_statement=self.cancel_statement, record_batch=self.record_batch,
                     alone=self.alone, book=self.book, floors=self.floors,
@@ -533,9 +534,11 @@ class JobRunner:
             self.book.settings_changed()
         elif payload == ALONE:
             self.alone.want()
-        else:
-            self.floors.heard(payload)  # where new jobs wait (`floors.py`)
-        self.wake.set()
+        elif (where := self.floors.heard(payload)) is not None:  # where new jobs wait
+            self.book.heard(*where)
+            self.bell.ring(where[0])  # one idle lane of each kind that serves the queue
+            return
+        self.bell.ring()
 
     def _serving(self) -> str:
         """What this worker runs, for the line that says its role: its job
