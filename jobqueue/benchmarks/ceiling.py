@@ -45,7 +45,7 @@ from jobqueue import db, embedded
 from jobqueue.benchmarks import save, scenarios
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.schema.queries import queries
-from jobqueue.worker.handler import end_job, lane_engine, start_job, start_transaction
+from jobqueue.worker.handler import lane_engine, state_of
 
 INSERT = "INSERT INTO bench_rows (job_id) VALUES ($1)"
 INSERT_SA = text("INSERT INTO bench_rows (job_id) VALUES (:id)")
@@ -182,18 +182,18 @@ def lane_steps(conn: AsyncConnection, raw: asyncpg.Connection) -> list[tuple[str
     """jobqueue's lane session: one session for the lane's life; the engine's
     hooks open each isolated job's savepoint before its first statement."""
     session = AsyncSession(bind=conn, expire_on_commit=False)
-    info = conn.info
+    state = state_of(conn.info)
 
     def batches(isolated: bool) -> Step:
         async def step(n: int) -> None:
             for start in range(0, n, WRITE_BATCH):
                 tx = raw.transaction()
                 await tx.start()
-                start_transaction(info)
+                state.start_transaction()
                 for _ in range(min(WRITE_BATCH, n - start)):
-                    start_job(info, isolated)
+                    state.start_job(isolated)
                     await session.execute(INSERT_SA, {"id": uuid.uuid4()})
-                    end_job(info)
+                    state.end_job()
                 await tx.commit()
         return step
 

@@ -45,6 +45,7 @@ import datetime as dt
 import json
 import uuid
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import event
@@ -60,17 +61,7 @@ from jobqueue.worker.guard import refusal
 #: cache of subtransaction ids (PGPROC_MAX_CACHED_SUBXIDS).
 SAVEPOINT_LIMIT = 64
 
-#: Keys in a lane connection's `info` dict.
-DB_ERROR = "jobqueue_db_error"  # a statement on it failed
-SAVEPOINTS = "jobqueue_savepoints"  # savepoints opened in the current transaction
-JOB = "jobqueue_job"  # how the running job runs: ISOLATED, PLAIN, or None between jobs
-JOB_SAVEPOINT = "jobqueue_job_savepoint"  # an isolated job's savepoint is open
-TOUCHED = "jobqueue_touched"  # the running job's handler sent a statement
-UNDO = "jobqueue_undo"  # a plain job's session rolled back after writing: undo impossible
-REFUSED = "jobqueue_refused"  # why the handler's attempt to end the transaction was refused
-INTERRUPT = "jobqueue_interrupt"  # why the running handler is being stopped (interrupt.py)
-IN_STATEMENT = "jobqueue_in_statement"  # a statement of the handler is on its way
-BEGIN_FIRST = "jobqueue_begin_first"  # the batch's transaction begins with the next statement
+#: How a job runs: its first statement opens its savepoint, or none does.
 ISOLATED, PLAIN = "isolated", "plain"
 #: Key in a lane session's `info` dict: a handler is running.
 IN_HANDLER = "jobqueue_in_handler"
@@ -205,55 +196,73 @@ def lane_engine(url: str, lanes: int, application_name: str) -> AsyncEngine:
     return engine
 
 
-def start_transaction(info: dict[Any, Any], begun: bool = True) -> None:
-    """A new batch transaction on a lane connection: no savepoint open yet;
-    not `begun`: the handler's first statement begins it (`batch.Deferred`)."""
-    info[SAVEPOINTS] = 0
-    info[JOB] = None
-    info[BEGIN_FIRST] = not begun
+@dataclass
+class LaneState:
+    """What a lane connection's statement hooks know and decide: its batch
+    transaction, and the job whose handler runs in it. One per lane
+    connection (`state_of`), written by the lane and by the hooks below,
+    read by both and by `interrupt.Stopper`."""
+
+    #: Savepoints opened in the batch's transaction (the handlers' own too).
+    savepoints: int = 0
+    #: The transaction begins with the handler's next statement (`batch.Deferred`).
+    begin_first: bool = False
+    #: How the running job runs (ISOLATED, PLAIN), None between jobs.
+    job: str | None = None
+    #: An isolated job's savepoint is open.
+    job_savepoint: bool = False
+    #: The running job's handler sent a statement.
+    touched: bool = False
+    #: A plain job's session rolled back after its handler wrote: its writes
+    #: are still in the batch and only rolling the batch back removes them.
+    undo: bool = False
+    #: Why the handler's attempt to end its job's transaction was refused: it
+    #: committed its session's connection (nothing reached the server, the
+    #: connection being in autocommit mode at SQLAlchemy's level, but its
+    #: session no longer tracks its writes), or sent a statement that would
+    #: have (`guard.py`). The job fails even if the handler caught the error.
+    refused: str | None = None
+    #: Why the running handler is being stopped (`interrupt.py`): its next
+    #: statements fail before they are sent.
+    interrupt: str | None = None
+    #: A statement of the handler is on its way (a stop cancels it on the server).
+    in_statement: bool = False
+    #: A statement failed since the job started (a handler that catches the
+    #: error and returns is failed: `SwallowedDatabaseError`).
+    db_error: bool = False
+
+    def start_transaction(self, begun: bool = True) -> None:
+        """A new batch transaction: no savepoint open yet; not `begun`: the
+        handler's first statement begins it."""
+        self.savepoints = 0
+        self.job = None
+        self.begin_first = not begun
+
+    def start_job(self, isolated: bool) -> None:
+        """A handler is about to run, isolated (its first statement opens its
+        savepoint) or plain."""
+        self.job = ISOLATED if isolated else PLAIN
+        self.job_savepoint = self.touched = self.undo = self.db_error = False
+        self.refused = None
+
+    def end_job(self) -> None:
+        self.job = None
+        self.job_savepoint = False
+
+    async def roll_back_job(self, raw: Any) -> None:
+        """Undo an isolated handler's writes on the driver directly, if its
+        savepoint is still open (its session's own rollback usually did it)."""
+        if self.job_savepoint:
+            await raw.execute(queries["job_rollback"].sql)
+            self.job_savepoint = False
 
 
-def start_job(info: dict[Any, Any], isolated: bool) -> None:
-    """A handler is about to run, isolated (its first statement opens its
-    savepoint) or plain."""
-    info[JOB] = ISOLATED if isolated else PLAIN
-    info[JOB_SAVEPOINT] = info[TOUCHED] = info[UNDO] = False
-    info[REFUSED] = None
-    info.pop(DB_ERROR, None)
-
-
-def end_job(info: dict[Any, Any]) -> None:
-    info[JOB] = None
-    info[JOB_SAVEPOINT] = False
-
-
-def touched(info: dict[Any, Any]) -> bool:
-    """Did the running job's handler send anything to the database?"""
-    return bool(info.get(TOUCHED))
-
-
-def refused(info: dict[Any, Any]) -> str | None:
-    """Did the handler try to end its job's transaction? It committed its
-    session's connection (`(await session.connection()).commit()`: nothing
-    reached the server, the lane's connection being in autocommit mode at
-    SQLAlchemy's level, but its session no longer tracks its writes), or sent
-    a statement that would have (`guard.py`: refused before it was sent).
-    The job fails even if the handler caught the error, and its writes go."""
-    return info.get(REFUSED)
-
-
-def undo_impossible(info: dict[Any, Any]) -> bool:
-    """Did a plain job's session roll back after its handler wrote? Its
-    writes are still in the batch and only rolling the batch back removes them."""
-    return bool(info.get(UNDO))
-
-
-async def roll_back_job(raw: Any, info: dict[Any, Any]) -> None:
-    """Undo an isolated handler's writes on the driver directly, if its
-    savepoint is still open (its session's own rollback usually did it)."""
-    if info.get(JOB_SAVEPOINT):
-        await raw.execute(queries["job_rollback"].sql)
-        info[JOB_SAVEPOINT] = False
+def state_of(info: dict[Any, Any]) -> LaneState:
+    """The lane state kept in a lane connection's `info` (made on first use)."""
+    state = info.get(LaneState)
+    if state is None:
+        state = info[LaneState] = LaneState()
+    return state
 
 
 def refuse_handler_commit(session: Any) -> None:
@@ -270,52 +279,52 @@ def refuse_handler_commit(session: Any) -> None:
 
 def _before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
                       context: Any, executemany: bool) -> None:
-    info = conn.info
-    job = info.get(JOB)
-    if job is None:
+    state = state_of(conn.info)
+    if state.job is None:
         return
-    if info.get(INTERRUPT):
-        raise JobInterrupted(info[INTERRUPT])
+    if state.interrupt is not None:
+        raise JobInterrupted(state.interrupt)
     if (reason := refusal(statement)) is not None:
-        info[REFUSED] = reason
+        state.refused = reason
         raise HandlerCommitError(reason)
-    info[TOUCHED] = True
+    state.touched = True
     first = []  # what must precede the statement, sent as one simple query
-    if info.get(BEGIN_FIRST):
+    if state.begin_first:
         first.append("BEGIN")  # the batch's transaction (`batch.Deferred`)
-    if job == ISOLATED and not info[JOB_SAVEPOINT]:
+    opens = state.job == ISOLATED and not state.job_savepoint
+    if opens:
         first.append(queries["job_savepoint"].sql)
     if first:
         _simple(conn, "; ".join(first))
-        info[BEGIN_FIRST] = False
-        if job == ISOLATED and not info[JOB_SAVEPOINT]:
-            info[JOB_SAVEPOINT] = True
-            info[SAVEPOINTS] = info.get(SAVEPOINTS, 0) + 1
-    info[IN_STATEMENT] = True
+        state.begin_first = False
+        if opens:
+            state.job_savepoint = True
+            state.savepoints += 1
+    state.in_statement = True
 
 
 def _after_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
                      context: Any, executemany: bool) -> None:
-    conn.info[IN_STATEMENT] = False
+    state_of(conn.info).in_statement = False
 
 
 def _roll_back_job(conn: Any) -> None:
     """The session rolled back (the handler's own call, or the lane's after a
     failure): undo the job's writes."""
-    info = conn.info
-    job = info.get(JOB)
-    if job is None:  # not a handler's session: the lane closing, say
+    state = state_of(conn.info)
+    if state.job is None:  # not a handler's session: the lane closing, say
         return
-    if info[JOB_SAVEPOINT]:
+    if state.job_savepoint:
         _simple(conn, queries["job_rollback"].sql)
-        info[JOB_SAVEPOINT] = False  # the handler's next statement opens a new one
-    elif job == PLAIN and info[TOUCHED]:
-        info[UNDO] = True
+        state.job_savepoint = False  # the handler's next statement opens a new one
+    elif state.job == PLAIN and state.touched:
+        state.undo = True
 
 
 def _note_commit(conn: Any) -> None:
-    if conn.info.get(JOB) is not None:
-        conn.info[REFUSED] = COMMIT_REFUSED
+    state = state_of(conn.info)
+    if state.job is not None:
+        state.refused = COMMIT_REFUSED
 
 
 def _recovered(conn: Any, name: str, context: Any) -> None:
@@ -323,19 +332,20 @@ def _recovered(conn: Any, name: str, context: Any) -> None:
     undone with it (PostgreSQL's way to recover), so it no longer fails the
     job. (Any savepoint still open when a statement fails encloses it; if the
     ROLLBACK TO itself fails, `handle_error` marks the connection again.)"""
-    conn.info.pop(DB_ERROR, None)
+    state_of(conn.info).db_error = False
 
 
 def _count_savepoint(conn: Any, name: str | None) -> None:
-    conn.info[SAVEPOINTS] = conn.info.get(SAVEPOINTS, 0) + 1
+    state_of(conn.info).savepoints += 1
 
 
 def _mark_db_error(context: Any) -> None:
     """Remember which connection saw an error (a handler that catches it and
     returns is failed: `SwallowedDatabaseError`)."""
     if context.connection is not None:
-        context.connection.info[DB_ERROR] = True
-        context.connection.info[IN_STATEMENT] = False
+        state = state_of(context.connection.info)
+        state.db_error = True
+        state.in_statement = False
 
 
 def _simple(conn: Any, sql: str) -> None:
@@ -343,5 +353,5 @@ def _simple(conn: Any, sql: str) -> None:
     try:
         await_only(conn.connection.driver_connection.execute(sql))
     except Exception:
-        conn.info[DB_ERROR] = True
+        state_of(conn.info).db_error = True
         raise

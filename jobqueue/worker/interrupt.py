@@ -37,7 +37,7 @@ from typing import Any
 
 from sqlalchemy.util import greenlet_spawn
 
-from jobqueue.worker.handler import IN_HANDLER, IN_STATEMENT, INTERRUPT
+from jobqueue.worker.handler import IN_HANDLER, LaneState
 
 #: How often a stop waiting for the handler to leave SQLAlchemy looks again.
 _RETRY_S = 0.001
@@ -65,9 +65,9 @@ class Stopper:
     `cancel_statement(pid)`: cancel whatever the backend `pid` is running,
     from another connection (the worker's monitor connection)."""
 
-    def __init__(self, info: dict[Any, Any], session_info: dict[Any, Any],
+    def __init__(self, state: LaneState, session_info: dict[Any, Any],
                  cancel_statement: Callable[[int], Awaitable[Any]]) -> None:
-        self.info = info  # the lane connection's: the statement hooks read INTERRUPT there
+        self.state = state  # the lane connection's: its statement hooks read `interrupt`
         self.session_info = session_info
         self.cancel_statement = cancel_statement
         self.task: asyncio.Task[Any] | None = None
@@ -110,7 +110,7 @@ class Stopper:
                 self._retry.cancel()
                 self._retry = None
             self.reason = None
-            self.info.pop(INTERRUPT, None)
+            self.state.interrupt = None
         return reason
 
     @property
@@ -132,7 +132,7 @@ class Stopper:
             return False
         if self.reason is None:
             self.reason = reason
-            self.info[INTERRUPT] = reason
+            self.state.interrupt = reason
             self._deliver()
         return True
 
@@ -146,6 +146,6 @@ class Stopper:
         if not _in_sqlalchemy(task):
             task.cancel()
             return
-        if self.info.get(IN_STATEMENT) and self._statement_cancel is None:
+        if self.state.in_statement and self._statement_cancel is None:
             self._statement_cancel = asyncio.ensure_future(self.cancel_statement(self.pid))
         self._retry = asyncio.get_running_loop().call_later(_RETRY_S, self._deliver)

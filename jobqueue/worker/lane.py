@@ -75,27 +75,20 @@ from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.doorbell import Doorbell
 from jobqueue.worker.floors import NO_ARMS, Arms, Floors
 from jobqueue.worker.handler import (
-    DB_ERROR,
     IN_HANDLER,
     SAVEPOINT_LIMIT,
-    SAVEPOINTS,
     ClaimedJob,
     HandlerCommitError,
     HandlerError,
     JobInterrupted,
+    LaneState,
     Snooze,
     SwallowedDatabaseError,
     _current_job,
     encode_result,
-    end_job,
     error_text,
     refuse_handler_commit,
-    refused,
-    roll_back_job,
-    start_job,
-    start_transaction,
-    touched,
-    undo_impossible,
+    state_of,
 )
 from jobqueue.worker.interrupt import Stopper
 from jobqueue.worker.stats import WorkerStats
@@ -268,7 +261,7 @@ class Lane:
         # sends no SQL; each job's savepoint comes from the engine's hooks.
         session = AsyncSession(bind=conn, expire_on_commit=False)
         event.listen(session.sync_session, "before_commit", refuse_handler_commit)
-        self.stopper = Stopper(conn.info, session.info, self.life.cancel_statement)
+        self.stopper = Stopper(state_of(conn.info), session.info, self.life.cancel_statement)
         self.stopper.task = asyncio.current_task()
         self.stopper.pid = self.raw.get_server_pid()
         try:
@@ -525,8 +518,8 @@ class Lane:
         `begun`: the first handler statement begins the transaction."""
         always = isolated or self.config.savepoints == "always"
         taken, isolated_types, stop = batch.taken, self.isolated_types, self.life.stop
-        info, session_info = conn.info, session.info
-        start_transaction(info, begun)
+        state, session_info = state_of(conn.info), session.info
+        state.start_transaction(begun)
         for job in jobs:
             if job.id in decided:
                 self._note(job, decided[job.id], out)
@@ -535,27 +528,27 @@ class Lane:
         touched_ids: set[uuid.UUID] = set()
         started, ran = time.perf_counter(), 0
         for n, job in enumerate(todo):
-            if stop.is_set() or (ran and self._full(taken, started, info[SAVEPOINTS], job)):
+            if stop.is_set() or (ran and self._full(taken, started, state.savepoints, job)):
                 out.not_started = [job.id for job in todo[n:]]
                 break
             if cancels and job.id in cancels:  # cancelled while it waited in the batch
                 self._note(job, self._failure(job, CANCELLED, final=True), out)
                 continue
-            opened = info[SAVEPOINTS]
+            opened = state.savepoints
             try:
-                await self._run_one(conn, session, job, out, info, session_info,
+                await self._run_one(conn, session, job, out, state, session_info,
                                     always or job.job_type in isolated_types)
             except Rerun as rerun:
                 rerun.decided, rerun.again = decided_of(out, touched_ids, rerun)
                 raise
-            if touched(info):
+            if state.touched:
                 touched_ids.add(job.id)
-            used = min(info[SAVEPOINTS] - opened, SAVEPOINT_LIMIT)
+            used = min(state.savepoints - opened, SAVEPOINT_LIMIT)
             if used > self.savepoint_peak.get(job.job_type, 0):
                 self.savepoint_peak[job.job_type] = used
             ran += 1
         if ran:
-            self._pace(time.perf_counter() - started, ran, info[SAVEPOINTS])
+            self._pace(time.perf_counter() - started, ran, state.savepoints)
 
     async def _after_batch_error(self, conn: AsyncConnection, session: AsyncSession,
                                  jobs: list[ClaimedJob], batch: BatchKind, exc: Exception,
@@ -626,7 +619,7 @@ class Lane:
                                   decided=rerun.decided)
 
     async def _run_one(self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob,
-                       out: Outcomes, info: dict[Any, Any], session_info: dict[Any, Any],
+                       out: Outcomes, state: LaneState, session_info: dict[Any, Any],
                        isolated: bool) -> None:
         """Run one job's handler and note its outcome in `out`. Raises Rerun
         when a plain job's writes cannot be undone alone.
@@ -643,22 +636,22 @@ class Lane:
             return
         started = time.perf_counter()
         token = _current_job.set(job)
-        start_job(info, isolated)
+        state.start_job(isolated)
         stopped: list[str] = []  # why it was stopped, if it was
         try:
             result = await self._call(handler, session, job, session_info, stopped)
-            encoded = await self._returned(session, info, job, result)
+            encoded = await self._returned(session, state, job, result)
         except Rerun:
             raise
         except Exception as exc:
             # Back to the job's savepoint: its writes vanish, its batch-mates' stay.
             if session.in_transaction():
                 await session.rollback()
-            await roll_back_job(self.raw, info)
+            await state.roll_back_job(self.raw)
             if is_connection_error(exc) and self._connection_lost(conn):
                 raise  # not the job's fault: the whole batch goes back
             outcome = self._outcome_of(job, exc, stopped, time.perf_counter() - started)
-            if not isolated and touched(info):
+            if not isolated and state.touched:
                 # Before the batch rolls back and frees its jobs: another lane
                 # that takes this type meanwhile must already isolate it.
                 self.isolated_types.add(job.job_type)
@@ -667,7 +660,7 @@ class Lane:
         else:
             out.success(job.id, encoded, time.perf_counter() - started)
         finally:
-            end_job(info)
+            state.end_job()
             _current_job.reset(token)
             if session.identity_map:
                 session.expunge_all()
@@ -709,22 +702,23 @@ class Lane:
             return Decided(SNOOZED, None, seconds, False, exc.seconds, False)
         return self._failure(job, error_text(exc), seconds=seconds)
 
-    async def _returned(self, session: AsyncSession, info: dict[Any, Any], job: ClaimedJob,
+    async def _returned(self, session: AsyncSession, state: LaneState, job: ClaimedJob,
                         result: Any) -> str | None:
         """A handler returned: may its job count as done? Its encoded result,
         or the reason it fails (raised)."""
         if session.in_nested_transaction():
             # Left open, the next job's rollback would reach back into it.
             raise HandlerError("the handler returned inside a begin_nested() it opened")
-        if (reason := refused(info)) is not None:
-            raise HandlerCommitError(reason)
+        if state.refused is not None:
+            raise HandlerCommitError(state.refused)
         if _pending(session.sync_session):
             await session.flush()  # objects added but not flushed are the job's writes too
-        if info.pop(DB_ERROR, False):
+        if state.db_error:
+            state.db_error = False
             raise SwallowedDatabaseError(
                 "the handler caught a database error and went on; its writes are void")
         encoded = encode_result(result)
-        if undo_impossible(info):  # its session rolled back writes we cannot undo alone
+        if state.undo:  # its session rolled back writes we cannot undo alone
             self.isolated_types.add(job.job_type)
             raise Rerun(job, None)
         return encoded
