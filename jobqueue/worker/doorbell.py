@@ -46,8 +46,9 @@ class Doorbell:
     def clear(self, serves: Collection[str] | None, kind: Hashable) -> None:
         """A lane is about to look for work: the rings it would hear are
         answered by that look."""
-        self._missed = {(k, q) for k, q in self._missed
-                        if k != kind or not _hears(serves, q)}
+        if self._missed:  # every turn of every lane comes here: usually nothing to drop
+            self._missed = {(k, q) for k, q in self._missed
+                            if k != kind or not _hears(serves, q)}
 
     def ring(self, queue: str | None = None) -> None:
         """Jobs wait in `queue`: wake one waiting lane of each kind that serves
