@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobqueue import HandlerRegistry, JobRunner, current_job, enqueue
-from jobqueue.worker.handler import SAVEPOINT_LIMIT
+from jobqueue.worker.pacing import SAVEPOINT_LIMIT
 
 
 def writers(runs: Counter[uuid.UUID]) -> HandlerRegistry:

@@ -196,22 +196,6 @@ class LostOwnership(Exception):
     """Another worker took jobs of this batch: none of its effects may commit."""
 
 
-class Rerun(Exception):
-    """A plain job's writes cannot be undone alone: the batch must run again,
-    isolated. `outcome`: the job's own, kept for the rerun (a failed attempt,
-    a snooze); None: it succeeded but its session rolled back after writing,
-    so it runs again too."""
-
-    def __init__(self, job: ClaimedJob, outcome: Decided | None) -> None:
-        super().__init__(None if outcome is None else outcome.value)
-        self.job = job
-        self.outcome = outcome
-        #: Filled in by `Lane._run_jobs`: what the rerun keeps, and how many
-        #: jobs that already ran must run again (they wrote, and it was lost).
-        self.decided: dict[uuid.UUID, Decided] = {}
-        self.again = 0
-
-
 DONE, FAILED, SNOOZED = "done", "failed", "snoozed"
 
 
@@ -266,32 +250,6 @@ class Outcomes:
             self.failure(job_id, outcome.value or "", outcome.retry, outcome.delay)
         else:
             self.snooze(job_id, outcome.delay)
-
-
-def decided_of(out: Outcomes, touched_ids: set[uuid.UUID], rerun: Rerun
-               ) -> tuple[dict[uuid.UUID, Decided], int]:
-    """What a rerun keeps of a batch's first run (`out`): every failure and
-    snooze (their writes are gone either way: they had none, or their
-    savepoints took them back) and the successes that never touched the
-    database; and the culprit's own outcome. Also how many successes wrote
-    and must run again."""
-    kept = {job_id: Decided(FAILED, error, None, retry, delay, True)
-            for job_id, error, retry, delay in zip(out.failed_ids, out.errors, out.retry,
-                                                   out.delays, strict=True)}
-    kept.update({job_id: Decided(SNOOZED, None, None, False, seconds, True)
-                 for job_id, seconds in zip(out.snoozed_ids, out.snoozes, strict=True)})
-    again = 0
-    for job_id, result, seconds in zip(out.done_ids, out.results, out.handler_times,
-                                       strict=True):
-        if job_id in touched_ids:
-            again += 1
-        else:
-            kept[job_id] = Decided(DONE, result, seconds, False, 0.0, True)
-    if rerun.outcome is not None:
-        kept[rerun.job.id] = rerun.outcome
-    else:
-        again += 1  # the culprit itself: it succeeded, but its rollback must be honoured
-    return kept, again
 
 
 async def rollback(tx: Any) -> None:

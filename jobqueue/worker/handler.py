@@ -36,7 +36,7 @@ Each savepoint that writes gets a subtransaction id, and PostgreSQL keeps only
 that, every other session's snapshots must look subtransactions up in
 `pg_subtrans`, which slows the whole server. Every savepoint is counted (the
 handler's own `begin_nested()` ones too), and the lane ends a batch before it
-would open more than `SAVEPOINT_LIMIT` in one transaction.
+would open more than `pacing.SAVEPOINT_LIMIT` in one transaction.
 """
 
 from __future__ import annotations
@@ -56,10 +56,6 @@ from jobqueue.enqueue import check_strings
 from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, TIMEOUT_MAX
 from jobqueue.schema.queries import queries
 from jobqueue.worker.guard import refusal
-
-#: Most savepoints one batch transaction may open: PostgreSQL's per-backend
-#: cache of subtransaction ids (PGPROC_MAX_CACHED_SUBXIDS).
-SAVEPOINT_LIMIT = 64
 
 #: How a job runs: its first statement opens its savepoint, or none does.
 ISOLATED, PLAIN = "isolated", "plain"

@@ -5,27 +5,25 @@ and one `fail` statement record every outcome. Handlers write through the
 lane's session, straight into the batch (`handler.py`): *plain*, with
 no savepoint, until a job of their type fails after touching the database.
 That failure cannot be undone alone, so the batch rolls back and runs again
-with a savepoint per job (`Lane._rerun_isolated`: what did not write keeps its
+with a savepoint per job (`recovery.py`: what did not write keeps its
 outcome, what wrote runs again), and the type keeps its savepoints from then
 on. A batch ends before it would open more savepoints than PostgreSQL caches
 per transaction (64).
 
-Two ways to take a batch, chosen per batch from how long the lane's recent
-jobs took (`Lane.plan`, which returns a `Plan`); `batch.py` has each way's
-rule for jobs the lane will not finish:
+A batch is taken or claimed, as the lane's `Pacing` plans from what its
+recent batches took (`pacing.py`):
 
-- **taken**, a *quick batch* (jobs faster than `quick_batch`, 50 ms by
-  default): lock as many due jobs as should finish within `quick_batch` (up
-  to `batch_size`) inside
-  the batch's own transaction (`take`), run them, record them, commit. One new
-  row version per job; a crash rolls everything back and the jobs are simply
-  waiting again. Their status goes from `pending` straight to `completed`:
-  nobody could have watched a `processing` that lasts milliseconds.
-- **claimed** (slower jobs, one per batch, and a lane's very first job): commit
-  the claim first (`claim`), so the job shows `processing` with this worker's
-  id while it runs; the outcome checks that the worker still owns it (if
-  another worker took it meanwhile, this one was declared hung: nothing
-  commits).
+- **taken**, a *quick batch*: locked inside the batch's own transaction
+  (`take`), run, recorded, committed. One new row version per job; a crash
+  rolls everything back and the jobs are simply waiting again. Their status
+  goes from `pending` straight to `completed`: nobody could have watched a
+  `processing` that lasts milliseconds.
+- **claimed**: the claim commits first (`claim`), so the job shows
+  `processing` with this worker's id while it runs; the outcome checks that
+  the worker still owns it (if another worker took it meanwhile, this one was
+  declared hung: nothing commits).
+
+`batch.py` has each way's rule for the jobs a batch does not finish.
 
 The lane runs its transactions on the asyncpg connection itself; SQLAlchemy
 sees the connection in autocommit mode, so it never sends a BEGIN or COMMIT of
@@ -42,7 +40,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -65,9 +63,7 @@ from jobqueue.worker.batch import (
     Deferred,
     LostOwnership,
     Outcomes,
-    Rerun,
     Started,
-    decided_of,
     rollback,
 )
 from jobqueue.worker.book import QueueBook
@@ -76,7 +72,6 @@ from jobqueue.worker.doorbell import Doorbell
 from jobqueue.worker.floors import NO_ARMS, Arms, Floors
 from jobqueue.worker.handler import (
     IN_HANDLER,
-    SAVEPOINT_LIMIT,
     ClaimedJob,
     HandlerCommitError,
     HandlerError,
@@ -91,19 +86,11 @@ from jobqueue.worker.handler import (
     state_of,
 )
 from jobqueue.worker.interrupt import Stopper
+from jobqueue.worker.pacing import Pacing, Plan
+from jobqueue.worker.recovery import Attempt, Rerun, after_error, after_rerun, decided_of
 from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.worker")
-
-
-class Plan(NamedTuple):
-    """How a lane takes its next batch (`Lane.plan`)."""
-
-    #: True: a quick batch, taken (locked) inside its own transaction;
-    #: False: claimed (committed as `processing`) before it runs.
-    take: bool
-    #: Most jobs in it.
-    limit: int
 
 
 @dataclass(frozen=True)
@@ -139,10 +126,6 @@ class Life:
     job_types: list[str]
 
 
-#: Weight of the newest batch in a lane's running estimate of a job's run time.
-_PACE_WEIGHT = 0.3
-
-
 class Lane:
     """One of a worker's `concurrency` lanes."""
 
@@ -166,16 +149,8 @@ class Lane:
         self.engine = engine
         self.number = number
         self.raw: Any = None  # the asyncpg connection, to cut it off when abandoning
-        #: Recent seconds a job takes to run (its handler and savepoint; the
-        #: batch's own statements are left out, or a lone job's commit would
-        #: count as if each job of a full batch paid it); None until a batch ran.
-        self.per_job: float | None = None
-        #: Recent savepoints a job opens (0 for jobs that never touch the
-        #: database), and the most one job of each type has opened (at most
-        #: SAVEPOINT_LIMIT): they size batches so that none opens more than
-        #: SAVEPOINT_LIMIT.
-        self.savepoints_per_job = 0.0
-        self.savepoint_peak: dict[str, int] = {}
+        #: What the recent batches took, and so how to take the next one.
+        self.pacing = Pacing(config.batch_size, config.quick_batch)
         #: The jobs of the batch running now, and those of them cancelled
         #: before they started; what stops the running handler.
         self.batch: list[ClaimedJob] = []
@@ -185,8 +160,6 @@ class Lane:
         self.claiming = False
         self.heard: set[uuid.UUID] = set()
         self.stopper: Stopper | None = None
-        #: The last claim saw no other job due where it took (`plan`).
-        self.lone = True
         #: The queue of the batch running now.
         self.queue = ""
 
@@ -230,30 +203,8 @@ class Lane:
             self.raw.terminate()
 
     def plan(self) -> Plan:
-        """How to take the next batch: taken or claimed, how many jobs at most.
-
-        Jobs that run faster than `quick_batch` are taken, in quick batches
-        sized to last about that long (at most `batch_size`); slower ones are claimed
-        one at a time, so `processing` means running and no transaction stays
-        open across many slow jobs. A lane that has not run anything yet
-        claims one job to learn the pace; so does a lane whose last claim saw
-        no other job due (`lone`): what it finds next is most likely a job
-        that arrived alone, and a claimed batch of one costs two round trips
-        (its claim, then its outcome in autocommit, `batch.Deferred`) where a
-        quick batch costs five. `quick_batch` 0: claimed batches of
-        up to `batch_size`, never taken. Jobs that write are at most
-        SAVEPOINT_LIMIT to a batch, one savepoint each."""
-        config = self.config
-        limit = config.batch_size
-        if self.savepoints_per_job > 0:
-            limit = min(limit, max(1, int(SAVEPOINT_LIMIT / self.savepoints_per_job)))
-        if config.quick_batch == 0:
-            return Plan(False, limit)
-        if self.lone or self.per_job is None or self.per_job > config.quick_batch:
-            return Plan(False, 1)
-        if self.per_job > 0:
-            limit = min(limit, int(config.quick_batch / self.per_job))
-        return Plan(True, max(1, limit))
+        """How to take the next batch (`pacing.py`)."""
+        return self.pacing.plan()
 
     async def _loop(self, conn: AsyncConnection) -> None:
         bell = self.life.bell
@@ -296,8 +247,8 @@ class Lane:
                 batch = self.batch_kind(queue, take)
                 started = await self._claim(batch, limit, queue, floors.arms(self.number, queue))
                 if started is not None:
-                    self.lone = started.jobs[-1].floor_id is None
-                    if not self.lone:  # more are due than it took: wake a lane to help
+                    lone = self.pacing.lone = started.jobs[-1].floor_id is None
+                    if not lone:  # more are due than it took: wake a lane to help
                         self.life.bell.ring(queue)
                     floors.advance(self.number, queue, started.jobs)
                     self.turn = (self.turn + step + 1) % len(queues)
@@ -386,28 +337,6 @@ class Lane:
         """How this lane claims a job that must run alone."""
         return ALONE
 
-    def _full(self, taken: bool, started: float, savepoints: int, job: ClaimedJob) -> bool:
-        """Must the batch stop before `job`? A quick batch that outruns
-        quick_batch (slow jobs after fast ones) stops early: its untouched jobs
-        are released at the commit, and the lane's pace now says to claim them.
-        A batch that has opened savepoints stops before a job that could take
-        it past SAVEPOINT_LIMIT (judged by the most its type has opened, and
-        at least one)."""
-        if savepoints and savepoints + max(1, self.savepoint_peak.get(job.job_type, 0)
-                                           ) > SAVEPOINT_LIMIT:
-            return True
-        return taken and time.perf_counter() - started > self.config.quick_batch
-
-    def _pace(self, seconds: float, jobs: int, savepoints: int) -> None:
-        """Fold a batch's run time and savepoints into the lane's estimates."""
-        per_job = seconds / jobs
-        self.per_job = per_job if self.per_job is None else (
-            _PACE_WEIGHT * per_job + (1 - _PACE_WEIGHT) * self.per_job)
-        # At most one a job: a job that opens many of its own (it overflows
-        # alone) must not shrink the batches of the jobs after it.
-        self.savepoints_per_job = (_PACE_WEIGHT * min(1.0, savepoints / jobs)
-                                   + (1 - _PACE_WEIGHT) * self.savepoints_per_job)
-
     async def _wait_for_work(self) -> bool:
         """Sleep until a job may be due. False when a burst run is done."""
         book = self.life.book
@@ -430,66 +359,62 @@ class Lane:
         return True
 
     async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, started: Started,
-                         batch: BatchKind, isolated: bool = False,
-                         decided: dict[uuid.UUID, Decided] | None = None) -> None:
-        """`_run_tx`; a quick batch's jobs that it did not record (its
-        transaction rolled back, or it stopped early) wait again where they
-        were, behind this lane's floor, which goes back to them."""
-        if not batch.taken:
-            await self._run_tx(conn, session, started, batch, isolated, decided)
-            return
-        left: list[uuid.UUID] | None = None
-        try:
-            left = await self._run_tx(conn, session, started, batch, isolated, decided)
-        finally:
-            if left is None:
-                self.life.floors.released(self.number, self.queue, started.jobs)
-            elif left:
-                unrecorded = set(left)
-                self.life.floors.released(self.number, self.queue,
-                                          [job for job in started.jobs if job.id in unrecorded])
+                         batch: BatchKind) -> None:
+        """Run a batch: its first attempt in the transaction it started with,
+        then, if that rolled back, the attempts `recovery.py` gives, each in a
+        new transaction (`batch.again`), until none is left."""
+        attempts = [Attempt(started.jobs)]
+        held: Started | None = started
+        while attempts:
+            attempt = attempts.pop(0)
+            if held is None:
+                held = await batch.again(self.raw, attempt.jobs)
+                if held is None:
+                    continue  # taken jobs another worker took meanwhile
+            attempts[:0] = await self._attempt(conn, session, held, batch, attempt)
+            held = None
 
-    async def _run_tx(self, conn: AsyncConnection, session: AsyncSession, started: Started,
-                      batch: BatchKind, isolated: bool = False,
-                      decided: dict[uuid.UUID, Decided] | None = None
-                      ) -> list[uuid.UUID] | None:
-        """Run a batch in its open transaction; one commit records every outcome.
-        `batch`: how its jobs are held (taken by this transaction, or claimed;
-        a taken batch is written down first, `record_batch`).
-        `isolated`: every job in a savepoint of its own (else only the job
-        types that need one). `decided`: outcomes recorded without running
-        those jobs again (a rerun's). Returns the jobs it committed without
-        recording them, not started (None: it rolled back; a rerun records
-        its own)."""
-        life = self.life
-        outcomes = Outcomes()
-        decided = decided or {}
-        tx, jobs = started.tx, started.jobs
+    async def _attempt(self, conn: AsyncConnection, session: AsyncSession, held: Started,
+                       batch: BatchKind, attempt: Attempt) -> list[Attempt]:
+        """One attempt, in `held`'s open transaction: run its jobs, record
+        every outcome, commit; the attempts that must follow (none when it
+        committed, or when its jobs went back to the queue). A quick batch's
+        jobs that it did not record (it rolled back, or stopped early) wait
+        again where they were, behind this lane's floor, which goes back to
+        them."""
+        life, tx, jobs = self.life, held.tx, held.jobs
+        left: list[uuid.UUID] | None = None  # committed unrecorded (None: rolled back)
         try:
-            if started.xid is not None:
-                await life.record_batch(self.number, started.xid, [job.id for job in jobs])
-            await self._run_jobs(conn, session, jobs, batch, isolated, decided, outcomes,
-                                 begun=not isinstance(tx, Deferred))
-            latencies = await self._record(outcomes, batch, jobs)
+            if held.xid is not None:
+                await life.record_batch(self.number, held.xid, [job.id for job in jobs])
+            if attempt.failed is not None:
+                out = self._failed_at_commit(jobs[0], attempt.failed)
+            else:
+                out = Outcomes()
+                await self._run_jobs(conn, session, jobs, batch, attempt, out,
+                                     begun=not isinstance(tx, Deferred))
+            latencies = await self._record(out, batch, jobs)
             await tx.commit()
+            left = out.not_started
         except Rerun as rerun:
             await rollback(tx)
-            await self._rerun_isolated(conn, session, jobs, batch, rerun)
-            return None
+            life.stats.rerun += rerun.again
+            pacing = self.pacing  # claim batches of SAVEPOINT_LIMIT from now on
+            pacing.savepoints_per_job = max(pacing.savepoints_per_job, 1.0)
+            return after_rerun(jobs, rerun, self.worker_id)
         except LostOwnership:
             await rollback(tx)
             logger.warning("batch of %d rolled back: another worker took some of its jobs",
                            len(jobs), extra={"event": "batch_lost", "jobs": len(jobs),
                                              "worker_id": self.worker_id})
             await self._hand_back(batch, jobs)
-            return None
+            return []
         except Exception as exc:
             await rollback(tx)
-            if life.abandon.is_set():
+            if life.abandon.is_set() or attempt.failed is not None:
                 raise
             if not is_connection_error(exc):
-                await self._after_batch_error(conn, session, jobs, batch, exc, decided)
-                return None
+                return after_error(attempt, exc, self.worker_id)
             logger.error("lane %d: connection lost mid-batch; %d job(s) go back to the queue",
                          self.number, len(jobs),
                          extra={"event": "batch_connection_lost", "lane": self.number,
@@ -497,10 +422,35 @@ class Lane:
                                 "error": one_line(exc)})
             await self._hand_back(batch, jobs)
             raise
-        life.stats.count_batch(outcomes, latencies)
-        if outcomes.done_ids and logger.isEnabledFor(logging.DEBUG):
-            self._log_completed(jobs, outcomes)  # committed: now they are done
-        return outcomes.not_started
+        except BaseException:
+            await rollback(tx)
+            raise
+        finally:
+            if batch.taken and left is None:
+                life.floors.released(self.number, self.queue, jobs)
+            elif batch.taken and left:
+                unrecorded = set(left)
+                life.floors.released(self.number, self.queue,
+                                     [job for job in jobs if job.id in unrecorded])
+        life.stats.count_batch(out, latencies)
+        if out.done_ids and logger.isEnabledFor(logging.DEBUG):
+            self._log_completed(jobs, out)  # committed: now they are done
+        return []
+
+    def _failed_at_commit(self, job: ClaimedJob, exc: Exception) -> Outcomes:
+        """A job that could not commit even alone fails without its writes,
+        its attempt counted."""
+        out = Outcomes()
+        retry = job.retry_count < job.max_retries
+        delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
+        out.failure(job.id, error_text(exc), retry=retry, delay=delay)
+        logger.warning("job %s (%s) attempt %d failed at commit: %s", job.id, job.job_type,
+                       job.attempt, error_text(exc),
+                       extra={"event": "job_failed", "job_id": str(job.id),
+                              "job_type": job.job_type, "attempt": job.attempt,
+                              "worker_id": self.worker_id, "retry": retry,
+                              "error": error_text(exc)})
+        return out
 
     async def _hand_back(self, batch: BatchKind, jobs: list[ClaimedJob]) -> None:
         """The batch rolled back and will not run again here: its jobs go back
@@ -510,13 +460,14 @@ class Lane:
             await self.life.hand_back(ids)
 
     async def _run_jobs(self, conn: AsyncConnection, session: AsyncSession,
-                        jobs: list[ClaimedJob], batch: BatchKind, isolated: bool,
-                        decided: dict[uuid.UUID, Decided], out: Outcomes,
-                        begun: bool = True) -> None:
+                        jobs: list[ClaimedJob], batch: BatchKind, attempt: Attempt,
+                        out: Outcomes, begun: bool = True) -> None:
         """The batch's handlers, one after another, until done or `_full`;
         the `decided` jobs' outcomes first, without running them. Not
         `begun`: the first handler statement begins the transaction."""
-        always = isolated or self.config.savepoints == "always"
+        always = attempt.isolated or self.config.savepoints == "always"
+        decided = attempt.decided
+        pacing = self.pacing
         taken, isolated_types, stop = batch.taken, self.isolated_types, self.life.stop
         state, session_info = state_of(conn.info), session.info
         state.start_transaction(begun)
@@ -528,7 +479,8 @@ class Lane:
         touched_ids: set[uuid.UUID] = set()
         started, ran = time.perf_counter(), 0
         for n, job in enumerate(todo):
-            if stop.is_set() or (ran and self._full(taken, started, state.savepoints, job)):
+            if stop.is_set() or (ran and pacing.full(taken, time.perf_counter() - started,
+                                                      state.savepoints, job.job_type)):
                 out.not_started = [job.id for job in todo[n:]]
                 break
             if cancels and job.id in cancels:  # cancelled while it waited in the batch
@@ -543,80 +495,10 @@ class Lane:
                 raise
             if state.touched:
                 touched_ids.add(job.id)
-            used = min(state.savepoints - opened, SAVEPOINT_LIMIT)
-            if used > self.savepoint_peak.get(job.job_type, 0):
-                self.savepoint_peak[job.job_type] = used
+            pacing.opened(job.job_type, state.savepoints - opened)
             ran += 1
         if ran:
-            self._pace(time.perf_counter() - started, ran, state.savepoints)
-
-    async def _after_batch_error(self, conn: AsyncConnection, session: AsyncSession,
-                                 jobs: list[ClaimedJob], batch: BatchKind, exc: Exception,
-                                 decided: dict[uuid.UUID, Decided]) -> None:
-        """The batch could not be recorded or committed (a deferred constraint
-        a handler broke, say): it rolled back whole. Run its jobs again one per
-        transaction, so the culprit fails alone; a lone job that still cannot
-        commit is failed without its writes, its attempt counted."""
-        if len(jobs) > 1:
-            logger.warning("batch of %d could not commit (%s); running its jobs one by one",
-                           len(jobs), one_line(exc),
-                           extra={"event": "batch_split", "jobs": len(jobs),
-                                  "worker_id": self.worker_id, "error": one_line(exc)})
-            for job in jobs:
-                again = await batch.again(self.raw, [job])
-                if again is not None:
-                    await self._run_batch(conn, session, again, batch,
-                                          isolated=True, decided=decided)
-            return
-        again = await batch.again(self.raw, jobs)
-        if again is None:
-            return
-        tx, [job] = again.tx, again.jobs
-        out = Outcomes()
-        retry = job.retry_count < job.max_retries
-        delay = self.config.retry_policy.delay(job.attempt) if retry else 0.0
-        out.failure(job.id, error_text(exc), retry=retry, delay=delay)
-        try:
-            await self._record(out, batch, [job])
-            await tx.commit()
-        except BaseException:
-            await rollback(tx)
-            raise
-        self.life.stats.count_batch(out, [])
-        logger.warning("job %s (%s) attempt %d failed at commit: %s", job.id, job.job_type,
-                       job.attempt, error_text(exc),
-                       extra={"event": "job_failed", "job_id": str(job.id),
-                              "job_type": job.job_type, "attempt": job.attempt,
-                              "worker_id": self.worker_id, "retry": retry,
-                              "error": error_text(exc)})
-
-    async def _rerun_isolated(self, conn: AsyncConnection, session: AsyncSession,
-                              jobs: list[ClaimedJob], batch: BatchKind, rerun: Rerun) -> None:
-        """A plain job (the culprit) failed after touching the database, or
-        rolled its session back after writing: the batch has rolled back, and
-        runs again with every job in a savepoint of its own. Jobs already
-        decided are recorded as they were (failures, and successes that never
-        touched the database); the jobs before the culprit that wrote run a
-        second time (their writes still commit once; what they did outside the
-        database happens twice). The culprit's type already runs isolated in
-        this worker from now on (`_run_one`), so this happens once per type."""
-        culprit = rerun.job
-        self.life.stats.rerun += rerun.again
-        self.savepoints_per_job = max(self.savepoints_per_job, 1.0)  # claim batches of 64
-        logger.warning("job %s (%s) %s after touching the database, in a batch run without "
-                       "savepoints: the batch rolled back and runs again, each job in a "
-                       "savepoint (%d job(s) that ran already run a second time, %d kept "
-                       "as they were); %s jobs run in savepoints from now on",
-                       culprit.id, culprit.job_type,
-                       _what_happened(rerun.outcome), rerun.again,
-                       len(rerun.decided), culprit.job_type,
-                       extra={"event": "batch_rerun", "job_id": str(culprit.id),
-                              "job_type": culprit.job_type, "jobs": len(jobs),
-                              "rerun": rerun.again, "worker_id": self.worker_id})
-        again = await batch.again(self.raw, jobs)  # taken ones: those still free, as they are
-        if again is not None:
-            await self._run_batch(conn, session, again, batch, isolated=True,
-                                  decided=rerun.decided)
+            pacing.ran(time.perf_counter() - started, ran, state.savepoints)
 
     async def _run_one(self, conn: AsyncConnection, session: AsyncSession, job: ClaimedJob,
                        out: Outcomes, state: LaneState, session_info: dict[Any, Any],
@@ -817,13 +699,6 @@ class Lane:
         if len(rows) != len(ids):
             raise LostOwnership
         return latencies + [row[0] for row in rows]
-
-
-def _what_happened(outcome: Decided | None) -> str:
-    """A rerun's culprit, in words."""
-    if outcome is None:
-        return "rolled its session back"
-    return "snoozed" if outcome.kind == SNOOZED else "failed"
 
 
 def _pending(session: Any) -> bool:

@@ -118,7 +118,7 @@ class WorkerStats:
     snoozed: int = 0
     batches: int = 0
     #: Jobs that ran a second time because a batch-mate without a savepoint
-    #: failed after writing (see `Lane._rerun_isolated`).
+    #: failed after writing (see `recovery.py`).
     rerun: int = 0
     handler_time: LatencyHistogram = field(default_factory=LatencyHistogram)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)

@@ -104,7 +104,8 @@ from jobqueue.worker.handler import (
     refuse_handler_commit,
 )
 from jobqueue.worker.interrupt import timed_out
-from jobqueue.worker.lane import Lane, Life, Plan
+from jobqueue.worker.lane import Lane, Life
+from jobqueue.worker.pacing import Plan
 
 logger = logging.getLogger("jobqueue.worker")
 
@@ -495,8 +496,7 @@ class ThreadLane(Lane):
         return await super()._wait_for_work()
 
     async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, started: Started,
-                         batch: BatchKind, isolated: bool = False,
-                         decided: dict[uuid.UUID, Decided] | None = None) -> None:
+                         batch: BatchKind) -> None:
         """The claim committed (no batch transaction); each job runs in a
         thread, in a transaction of its own, stopped by its timeout like an
         async handler (`ThreadPool.interrupt`). Each counts as a batch at the
