@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from jobqueue.schema.locks import QUEUE_LOCK_CLASS
-from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
 from jobqueue.schema.queries import queries
 from jobqueue.worker.floors import Arms
 from jobqueue.worker.handler import ClaimedJob
@@ -148,6 +146,20 @@ CLAIMED, LIMITED, ALONE, TAKEN = Claimed(), Limited(), Alone(), Taken()
 BatchKind = Claimed | Taken
 
 
+class Kinds(NamedTuple):
+    """The kinds of batch an executor runs, by what the lane asks for: a
+    batch as planned (taken or claimed), from a limited queue, a job alone."""
+
+    claimed: BatchKind
+    taken: BatchKind
+    limited: BatchKind
+    alone: BatchKind
+
+
+#: An async lane's: its batch runs in a transaction on the lane's connection.
+LANE_KINDS = Kinds(CLAIMED, TAKEN, LIMITED, ALONE)
+
+
 def _jobs(rows: list[Any]) -> list[ClaimedJob]:
     """A taken batch's jobs from `take`/`retake` rows (their last column, the
     transaction's id, is the batch's)."""
@@ -190,66 +202,6 @@ class Deferred:
     async def rollback(self) -> None:
         if self.raw.is_in_transaction():
             await self.raw.execute("ROLLBACK")
-
-
-class LostOwnership(Exception):
-    """Another worker took jobs of this batch: none of its effects may commit."""
-
-
-DONE, FAILED, SNOOZED = "done", "failed", "snoozed"
-
-
-class Decided(NamedTuple):
-    """An outcome recorded without running the job (again): in a rerun of the
-    batch, a success that never touched the database (nothing of it was
-    rolled back), a failure or a snooze (its writes are gone either way); or
-    a job cancelled before it started. `logged`: said already."""
-
-    kind: str  # DONE, FAILED or SNOOZED
-    value: str | None  # the encoded result, or the error
-    seconds: float | None  # handler time, for a success
-    retry: bool  # a failure: tried again (else failed for good)
-    delay: float  # a failure's backoff, or a snooze's
-    logged: bool
-
-
-@dataclass
-class Outcomes:
-    """What happened to the jobs of one batch, in the shape the SQL wants."""
-
-    done_ids: list[uuid.UUID] = field(default_factory=list)
-    results: list[str | None] = field(default_factory=list)
-    handler_times: list[float] = field(default_factory=list)
-    failed_ids: list[uuid.UUID] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    delays: list[float] = field(default_factory=list)
-    retry: list[bool] = field(default_factory=list)
-    snoozed_ids: list[uuid.UUID] = field(default_factory=list)
-    snoozes: list[float] = field(default_factory=list)
-    not_started: list[uuid.UUID] = field(default_factory=list)
-
-    def success(self, job_id: uuid.UUID, result: str | None, seconds: float) -> None:
-        self.done_ids.append(job_id)
-        self.results.append(result)
-        self.handler_times.append(seconds)
-
-    def failure(self, job_id: uuid.UUID, error: str, retry: bool, delay: float) -> None:
-        self.failed_ids.append(job_id)
-        self.errors.append(error[:ERROR_MESSAGE_MAX_LENGTH])
-        self.retry.append(retry)
-        self.delays.append(delay)
-
-    def snooze(self, job_id: uuid.UUID, seconds: float) -> None:
-        self.snoozed_ids.append(job_id)
-        self.snoozes.append(seconds)
-
-    def add(self, job_id: uuid.UUID, outcome: Decided) -> None:
-        if outcome.kind == DONE:
-            self.success(job_id, outcome.value, outcome.seconds or 0.0)
-        elif outcome.kind == FAILED:
-            self.failure(job_id, outcome.value or "", outcome.retry, outcome.delay)
-        else:
-            self.snooze(job_id, outcome.delay)
 
 
 async def rollback(tx: Any) -> None:

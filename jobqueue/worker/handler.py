@@ -172,6 +172,24 @@ class SwallowedDatabaseError(Exception):
     """
 
 
+#: Why a handler that returned inside a `begin_nested()` it opened fails:
+#: left open, the next job's rollback would reach back into it.
+NESTED_LEFT_OPEN = "the handler returned inside a begin_nested() it opened"
+
+
+def result_of(result: Any, refused: str | None, db_error: bool) -> str | None:
+    """A handler returned (its session flushed): may its job count as done?
+    Its encoded result, or why it fails (raised); the same rules for async
+    and sync handlers. `refused`: it tried to end its transaction;
+    `db_error`: a statement of its failed and nothing undid that."""
+    if refused is not None:
+        raise HandlerCommitError(refused)
+    if db_error:
+        raise SwallowedDatabaseError(
+            "the handler caught a database error and went on; its writes are void")
+    return encode_result(result)
+
+
 def lane_engine(url: str, lanes: int, application_name: str) -> AsyncEngine:
     """The engine a worker's lanes draw their connections from: one per lane,
     in autocommit mode, because lanes run their own transactions on the

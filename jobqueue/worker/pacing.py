@@ -57,17 +57,16 @@ class Pacing:
         self.savepoints_per_job = 0.0
         #: The most savepoints one job of each type has opened (at most SAVEPOINT_LIMIT).
         self.savepoint_peak: dict[str, int] = {}
-        #: The last claim saw no other job due where it took.
-        self.lone = True
 
-    def plan(self) -> Plan:
-        """Taken or claimed, and how many jobs at most (module doc)."""
+    def plan(self, lone: bool) -> Plan:
+        """Taken or claimed, and how many jobs at most (module doc). `lone`:
+        the lane's last claim saw no other job due where it took."""
         limit = self.batch_size
         if self.savepoints_per_job > 0:
             limit = min(limit, max(1, int(SAVEPOINT_LIMIT / self.savepoints_per_job)))
         if self.quick_batch == 0:
             return Plan(False, limit)
-        if self.lone or self.per_job is None or self.per_job > self.quick_batch:
+        if lone or self.per_job is None or self.per_job > self.quick_batch:
             return Plan(False, 1)
         if self.per_job > 0:
             limit = min(limit, int(self.quick_batch / self.per_job))

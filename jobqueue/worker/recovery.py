@@ -1,7 +1,7 @@
 """What a lane does when a batch's transaction rolls back instead of
 committing: which transactions its jobs run in next.
 
-A batch runs as a list of attempts, each one transaction (`Lane._run_batch`
+A batch runs as a list of attempts, each one transaction (`AsyncExecutor.run`
 loops over them); an attempt that rolls back gives the attempts that follow:
 
 - **a rerun** (`Rerun`): a job that ran without a savepoint failed after
@@ -30,8 +30,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from jobqueue.errors import one_line
-from jobqueue.worker.batch import DONE, FAILED, SNOOZED, Decided, Outcomes
 from jobqueue.worker.handler import ClaimedJob
+from jobqueue.worker.outcome import DONE, FAILED, SNOOZED, Decided, Outcomes
 
 logger = logging.getLogger("jobqueue.worker")
 
@@ -59,7 +59,7 @@ class Rerun(Exception):
         super().__init__(None if outcome is None else outcome.value)
         self.job = job
         self.outcome = outcome
-        #: Filled in by `Lane._run_jobs`: what the rerun keeps, and how many
+        #: Filled in by `AsyncExecutor._run_jobs`: what the rerun keeps, and how many
         #: jobs that already ran must run again (they wrote, and it was lost).
         self.decided: dict[uuid.UUID, Decided] = {}
         self.again = 0

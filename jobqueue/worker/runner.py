@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -67,11 +68,13 @@ from jobqueue.worker.alone import ALONE, AloneGate
 from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.doorbell import Doorbell
+from jobqueue.worker.executor import AsyncExecutor
 from jobqueue.worker.floors import Floors
 from jobqueue.worker.handler import lane_engine
-from jobqueue.worker.lane import Lane, Life
+from jobqueue.worker.lane import Lane
+from jobqueue.worker.life import Life
 from jobqueue.worker.stats import WorkerStats
-from jobqueue.worker.threads import ThreadLane, ThreadPool, sync_life, thread_engine
+from jobqueue.worker.threads import ThreadExecutor, ThreadPool, thread_engine
 from jobqueue.worker.upkeep import Fenced, Heartbeat, Leader, rescue
 
 logger = logging.getLogger("jobqueue.worker")
@@ -387,12 +390,15 @@ class JobRunner:
                     cancel_statement=self.cancel_statement, record_batch=self.record_batch,
                     alone=self.alone, book=self.book, floors=self.floors,
                     job_types=async_types)
-        lanes = [Lane(self.config, life, engine, n, serves)
-                 for n, serves in enumerate(self.config.lane_queues)
+        config = self.config
+        lanes = [Lane(config, life, engine, n, AsyncExecutor(config, life, n), serves)
+                 for n, serves in enumerate(config.lane_queues)
                  if async_types or not sync_types]
         if sync_engine is not None:
-            lanes.append(ThreadLane(self.config, sync_life(life, sync_types), engine,
-                                    len(lanes), self.threads, sync_engine))
+            sync = dataclasses.replace(life, job_types=sync_types)
+            lanes.append(Lane(config, sync, engine, len(lanes),
+                              ThreadExecutor(config, sync, self.threads, sync_engine),
+                              serves=config.served))
         self._lanes = lanes
         tasks = [asyncio.create_task(lane.run()) for lane in lanes]
         all_lanes: asyncio.Future[list[None]] = asyncio.gather(*tasks)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jobqueue.worker.batch import Outcomes
+    from jobqueue.worker.outcome import Outcomes
 
 # Buckets grow by 2 % from 1 µs; 1,400 buckets reach past a day.
 _SMALLEST = 1e-6

@@ -7,8 +7,8 @@ So a sync handler runs in a thread of a bounded pool (`ThreadPool`, `threads`
 of them), with a sync `Session` on a psycopg 3 connection of its own, in a
 transaction that also records the job's outcome:
 
-1. **Claimed first.** A lane of its own (`ThreadLane`, a `Lane` that serves
-   only the sync job types) claims as many due sync jobs as threads are free,
+1. **Claimed first.** A lane of its own (a `Lane` given a `ThreadExecutor`,
+   serving only the sync job types) claims as many due sync jobs as threads are free,
    with the same `claim` (or `claim_limited`) statement and turn among the
    queues as every lane, and commits the claim: the jobs show `processing`
    with this worker's id. They are never taken in a quick batch: a job locked
@@ -63,12 +63,12 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
 from jobqueue import db
@@ -77,34 +77,31 @@ from jobqueue.registry import SyncJobHandler
 from jobqueue.schema.locks import CANCELLED
 from jobqueue.schema.queries import queries
 from jobqueue.worker.batch import (
-    SNOOZED,
     Alone,
     BatchKind,
     Claimed,
-    Decided,
+    Kinds,
     Limited,
-    LostOwnership,
-    Outcomes,
     Started,
 )
+from jobqueue.worker.completer import LostOwnership
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.floors import Arms
 from jobqueue.worker.guard import refusal
 from jobqueue.worker.handler import (
     COMMIT_REFUSED,
     IN_HANDLER,
+    NESTED_LEFT_OPEN,
     ClaimedJob,
     HandlerCommitError,
     HandlerError,
-    Snooze,
-    SwallowedDatabaseError,
     _current_job,
-    encode_result,
-    error_text,
     refuse_handler_commit,
+    result_of,
 )
 from jobqueue.worker.interrupt import timed_out
-from jobqueue.worker.lane import Lane, Life
+from jobqueue.worker.life import Life
+from jobqueue.worker.outcome import Outcomes, log_completed, note, outcome_of, timeout_of
 from jobqueue.worker.pacing import Plan
 
 logger = logging.getLogger("jobqueue.worker")
@@ -432,71 +429,64 @@ CLAIM_ONLY, LIMITED_CLAIM_ONLY, ALONE_CLAIM_ONLY = (
     _ClaimOnly(), _LimitedClaimOnly(), _AloneClaimOnly())
 
 
-class ThreadLane(Lane):
-    """The lane of the sync job types: it claims as many due jobs as threads
-    are free (never a quick batch), hands each to a thread of `pool`, and
-    goes on claiming while they run. Its own connection only claims; each
-    thread records its job's outcome on a connection of its own
-    (`sync_engine`)."""
+class ThreadExecutor:
+    """The executor of the sync job types' lane: it wants as many due jobs as
+    threads are free (never a quick batch), hands each to a thread of `pool`,
+    and lets the lane go on claiming while they run. The lane's connection
+    only claims; each thread records its job's outcome on a connection of
+    its own (`sync_engine`)."""
 
-    def __init__(self, config: WorkerConfig, life: Life, engine: AsyncEngine, number: int,
-                 pool: ThreadPool, sync_engine: Engine) -> None:
-        super().__init__(config, life, engine, number, serves=config.served)
+    kinds = Kinds(CLAIM_ONLY, CLAIM_ONLY, LIMITED_CLAIM_ONLY, ALONE_CLAIM_ONLY)
+
+    def __init__(self, config: WorkerConfig, life: Life, pool: ThreadPool,
+                 sync_engine: Engine) -> None:
+        self.config = config
+        self.life = life
+        self.worker_id = life.worker_id
         self.pool = pool
         self.sync_engine = sync_engine
         #: This life's jobs in threads, by the task that follows each.
         self.jobs: dict[asyncio.Task[None], SyncRun] = {}
 
-    def plan(self) -> Plan:
+    def plan(self, lone: bool) -> Plan:
         return Plan(take=False, limit=max(1, self.pool.free))
 
-    def batch_kind(self, queue: str, take: bool) -> BatchKind:
-        return LIMITED_CLAIM_ONLY if self.life.book.limited(queue) else CLAIM_ONLY
+    @contextlib.asynccontextmanager
+    async def opened(self, conn: AsyncConnection, raw: Any) -> AsyncIterator[None]:
+        yield  # the threads have connections of their own
 
-    def alone_kind(self) -> BatchKind:
-        return ALONE_CLAIM_ONLY
+    def ready(self) -> bool:
+        return self.pool.free > 0
+
+    async def wait_ready(self) -> None:
+        await self.pool.wait_free(self.life.stop)
 
     def interrupt(self, job_id: uuid.UUID, reason: str) -> bool:
-        """Stop the sync job `job_id` if one of this lane's threads runs it, or
-        if its claim is just back (`Lane._claim`): it then starts stopped."""
+        """Stop the sync job `job_id` if one of the threads runs it."""
         if job_id in self.pool.running:
             asyncio.ensure_future(self.pool.interrupt(job_id, reason))
             return True
-        return super().interrupt(job_id, reason)
+        return False
 
-    async def run(self) -> None:
-        """Claim and hand out until stopped; then the running sync handlers
-        get to finish (the runner bounds that by the grace period). Ended any
-        other way (abandoned, a lost connection), they are cut off."""
-        try:
-            await super().run()
-            while self.jobs:
-                await asyncio.wait(set(self.jobs))
-        except BaseException:
-            self.cut()
-            raise
+    async def settle_one(self) -> bool:
+        if not self.jobs:
+            return False
+        await asyncio.wait(set(self.jobs), return_when=asyncio.FIRST_COMPLETED)
+        return True
+
+    async def finish(self) -> None:
+        """The running sync handlers get to finish (the runner bounds that
+        by the grace period)."""
+        while self.jobs:
+            await asyncio.wait(set(self.jobs))
 
     def cut(self) -> None:
-        super().cut()
         for task, run in list(self.jobs.items()):
             sever(run)
             task.cancel()
 
-    async def _next_batch(self, conn: AsyncConnection, session: AsyncSession) -> bool:
-        if not self.pool.free:
-            await self.pool.wait_free(self.life.stop)
-            return True
-        return await super()._next_batch(conn, session)
-
-    async def _wait_for_work(self) -> bool:
-        if self.config.burst and self.jobs:
-            # Nothing due now, but a running job may yet be retried at once.
-            await asyncio.wait(set(self.jobs), return_when=asyncio.FIRST_COMPLETED)
-            return True
-        return await super()._wait_for_work()
-
-    async def _run_batch(self, conn: AsyncConnection, session: AsyncSession, started: Started,
-                         batch: BatchKind) -> None:
+    async def run(self, started: Started, batch: BatchKind, queue: str,
+                  cancels: set[uuid.UUID]) -> None:
         """The claim committed (no batch transaction); each job runs in a
         thread, in a transaction of its own, stopped by its timeout like an
         async handler (`ThreadPool.interrupt`). Each counts as a batch at the
@@ -505,20 +495,23 @@ class ThreadLane(Lane):
         gate, loop = self.life.alone, asyncio.get_running_loop()
         tasks = []
         for job in started.jobs:
-            run = SyncRun(job, reason=CANCELLED if job.id in self.cancels else None)
+            run = SyncRun(job, reason=CANCELLED if job.id in cancels else None)
             gate.enter()
             done = self.pool.submit(run, self._in_thread)
-            task = asyncio.create_task(self._follow(run, done, self.queue))
+            task = asyncio.create_task(self._follow(run, done, queue))
             self.jobs[task] = run
             task.add_done_callback(self.jobs.pop)
             task.add_done_callback(lambda _: gate.leave())
-            timeout = self.timeout_of(job)
+            timeout = timeout_of(job, self.life.registry)
             if timeout is not None:
-                timer = loop.call_later(timeout, self.interrupt, job.id, timed_out(timeout))
+                timer = loop.call_later(timeout, self._time_out, job.id, timeout)
                 task.add_done_callback(_cancelling(timer))
             tasks.append(task)
         if batch is ALONE_CLAIM_ONLY:
             await asyncio.wait(tasks)
+
+    def _time_out(self, job_id: uuid.UUID, timeout: float) -> None:
+        self.interrupt(job_id, timed_out(timeout))
 
     async def _follow(self, run: SyncRun, done: asyncio.Future[Any], queue: str) -> None:
         """Count what the thread recorded; a job it could not record (its
@@ -553,8 +546,7 @@ class ThreadLane(Lane):
             if any(out.retry) or out.snoozed_ids:
                 self.life.floors.lower(queue, job.priority, job.run_at, job.id)
             self.life.stats.count_batch(out, latencies)
-            if out.done_ids and logger.isEnabledFor(logging.DEBUG):
-                self._log_completed([job], out)
+            log_completed([job], out, self.worker_id)
 
     # -- in the thread -----------------------------------------------------------
 
@@ -594,15 +586,9 @@ class ThreadLane(Lane):
                 return None
             if is_connection_error(exc) and conn.invalidated:
                 raise  # not the job's fault: it goes back (`_follow`)
-            seconds = time.perf_counter() - started
             out = Outcomes()
-            if run.reason is not None:  # stopped: its timeout, or a cancel (final)
-                self._note(job, self._failure(job, run.reason, final=run.reason == CANCELLED,
-                                              seconds=seconds), out)
-            elif isinstance(exc, Snooze):
-                self._note(job, Decided(SNOOZED, None, seconds, False, exc.seconds, False), out)
-            else:
-                self._note(job, self._failure(job, error_text(exc), seconds=seconds), out)
+            note(job, outcome_of(job, exc, run.reason, time.perf_counter() - started,
+                                 self.config.retry_policy), out, self.worker_id)
             try:
                 return out, _record(conn, run, out, self.worker_id)
             except LostOwnership:
@@ -613,8 +599,9 @@ class ThreadLane(Lane):
         """The handler, in a transaction on `conn` that its session joins;
         its encoded result, or the reason it fails (raised)."""
         job = run.job
-        handler = cast(SyncJobHandler | None, self.registry.get(job.job_type))
-        if handler is None or not self.registry.is_sync(job.job_type):
+        registry = self.life.registry
+        handler = cast(SyncJobHandler | None, registry.get(job.job_type))
+        if handler is None or not registry.is_sync(job.job_type):
             raise HandlerError(f"no sync handler registered for job type {job.job_type!r}")
         if run.reason is not None:  # cancelled before its thread started it
             raise Interrupted(run.reason)
@@ -632,7 +619,7 @@ class ThreadLane(Lane):
                     result.close()  # type: ignore[attr-defined]
                 raise TypeError("a sync handler returned an awaitable: declare it async def")
             if session.in_nested_transaction():
-                raise HandlerError("the handler returned inside a begin_nested() it opened")
+                raise HandlerError(NESTED_LEFT_OPEN)
             session.flush()  # objects added but not flushed are the job's writes too
         finally:
             with run.guard:  # a statement cancel on its way lands before the outcome's
@@ -640,12 +627,7 @@ class ThreadLane(Lane):
             session.close()
         if run.reason is not None:
             raise Interrupted(run.reason)
-        if run.refused is not None:
-            raise HandlerCommitError(run.refused)
-        if run.db_error:
-            raise SwallowedDatabaseError(
-                "the handler caught a database error and went on; its writes are void")
-        return encode_result(result)
+        return result_of(result, run.refused, run.db_error)
 
     def _lost(self, conn: Connection, run: SyncRun) -> None:
         _roll_back(conn, run)
@@ -659,8 +641,3 @@ class ThreadLane(Lane):
 def _cancelling(timer: asyncio.TimerHandle) -> Callable[[Any], None]:
     """A done-callback that cancels `timer` (a job's timeout, once it has ended)."""
     return lambda _: timer.cancel()
-
-
-def sync_life(life: Life, sync_types: list[str]) -> Life:
-    """The thread lane's view of a life: the same events and book, the sync types."""
-    return dataclasses.replace(life, job_types=sync_types)

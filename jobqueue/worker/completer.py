@@ -1,0 +1,69 @@
+"""Recording a batch's outcomes on the lane's connection, in the batch's
+transaction: one `complete`, one `fail`, one `snooze` and one `hand_back`
+statement for the whole batch, whatever its size. Each checks that this
+worker still holds the jobs (`LostOwnership` if another worker took one:
+nothing of the batch may commit). Sync jobs record theirs in their threads
+(`threads.py`), with the same statements.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobqueue.schema.queries import queries
+from jobqueue.worker.batch import BatchKind
+from jobqueue.worker.handler import ClaimedJob
+from jobqueue.worker.outcome import Outcomes
+
+
+class LostOwnership(Exception):
+    """Another worker took jobs of this batch: none of its effects may commit."""
+
+
+async def record(raw: Any, worker_id: int, out: Outcomes, batch: BatchKind,
+                 jobs: list[ClaimedJob]) -> list[float]:
+    """Write a batch's outcomes in its transaction; the successes' latencies."""
+    taken = batch.taken
+    latencies: list[float] = []
+    if out.done_ids:
+        latencies = await _complete(raw, worker_id, out, taken, jobs)
+    if out.failed_ids:
+        rows = await queries["fail"].fetch(
+            raw, ids=out.failed_ids, errors=out.errors, delays=out.delays,
+            retry=out.retry, worker_id=worker_id, taken=taken)
+        if len(rows) != len(out.failed_ids):
+            raise LostOwnership
+    if out.snoozed_ids:
+        rows = await queries["snooze"].fetch(
+            raw, ids=out.snoozed_ids, delays=out.snoozes, worker_id=worker_id, taken=taken)
+        if len(rows) != len(out.snoozed_ids):
+            raise LostOwnership
+    unfinished = batch.to_hand_back(out.not_started)
+    if unfinished:
+        await queries["hand_back"].fetch(raw, ids=unfinished, worker_id=worker_id)
+    return latencies
+
+
+async def _complete(raw: Any, worker_id: int, out: Outcomes, taken: bool,
+                    jobs: list[ClaimedJob]) -> list[float]:
+    """Record the successes (`complete`); a taken batch's by where `take`
+    found their rows (`complete_taken`), and by id only those whose row
+    moved since (a handler that updated its own job)."""
+    ids, results = out.done_ids, out.results
+    latencies: list[float] = []
+    tid_of = {job.id: job.tid for job in jobs} if taken else {}
+    if tid_of and all(tid_of.get(job_id) is not None for job_id in ids):
+        rows = await queries["complete_taken"].fetch(
+            raw, ids=ids, results=results, tids=[tid_of[job_id] for job_id in ids],
+            worker_id=worker_id)
+        latencies = [row["latency"] for row in rows]
+        if len(rows) == len(ids):
+            return latencies
+        found = {row["id"] for row in rows}
+        moved = [i for i, job_id in enumerate(ids) if job_id not in found]
+        ids, results = [ids[i] for i in moved], [results[i] for i in moved]
+    rows = await queries["complete"].fetch(
+        raw, ids=ids, results=results, worker_id=worker_id, taken=taken)
+    if len(rows) != len(ids):
+        raise LostOwnership
+    return latencies + [row[0] for row in rows]
