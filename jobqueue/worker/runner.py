@@ -221,7 +221,8 @@ class JobRunner:
 
     async def _live(self, url: str) -> None:
         """One life: announce, contest, work. Returns when stopped; raises
-        _LifeOver when a connection is lost or this worker was fenced."""
+        _LifeOver when a connection is lost or this worker was fenced.
+        Everything it opens is closed, in reverse order, when it ends."""
         self._abandon.clear()
         self.alone.close()
         self.alone = AloneGate()
@@ -233,67 +234,85 @@ class JobRunner:
                 control, url = await self._announce(url)
                 self._connections = [control]
                 stack.push_async_callback(self._close_control, control)
-                lost = asyncio.Event()
-                control.add_termination_listener(lambda _: lost.set())
-
-                config = self.config
-                monitor = await upkeep.connect(url, self._app_name("monitor"), config)
-                stack.push_async_callback(self._close_monitor, monitor)
-                self._monitor = monitor
-                self._connections.append(monitor)
-                self.job_types = list(self.registry)
-                await queries["register_worker"].fetch(
-                    monitor, id=self.worker_id, name=self.name,
-                    mode="shared" if config.shared else "exclusive",
-                    queues=None if config.served is None else list(config.served),
-                    job_types=self.job_types)
-                beating = await upkeep.connect(url, self._app_name("heartbeat"), config)
-                stack.push_async_callback(_close, beating)
-                self._connections.append(beating)
-                self._ledger = await upkeep.connect(url, self._app_name("ledger"), config)
-                stack.push_async_callback(_close, self._ledger)
-                self._connections.append(self._ledger)
-                heartbeat = Heartbeat(config, beating, self.worker_id, lambda: self.role,
-                                      self.stats)
-                leader = Leader(config, monitor, self.worker_id, self.stats, self.monitor_lock,
-                                schedules=self.registry.schedules)
-                guards = [asyncio.create_task(heartbeat.run_forever()),
-                          asyncio.create_task(leader.run_forever()),
-                          asyncio.ensure_future(lost.wait())]
-                for guard in guards:
-                    stack.push_async_callback(_cancel, guard)
+                guards = await self._start_upkeep(stack, control, url)
                 if not await self._contest(control, guards):
                     return
                 await self._activate(control)
                 sync_types = [t for t in self.job_types if self.registry.is_sync(t)]
-                engine = lane_engine(url, len(config.lane_queues) + bool(sync_types),
-                                     self._app_name("lane"))
-                stack.push_async_callback(engine.dispose)
-                sync_engine = None
-                if sync_types:
-                    sync_engine = thread_engine(url, config.threads,
-                                                self._app_name("lane-thread"))
-                    stack.push_async_callback(asyncio.to_thread, sync_engine.dispose)
+                engine, sync_engine = self._engines(stack, url, sync_types)
                 await self._work(engine, guards, sync_types, sync_engine)
             except Exception as exc:
-                # A connection cut under a query can surface as a protocol error
-                # ("another operation is in progress") before asyncpg notices the
-                # socket is closed: a closed connection means start over, whatever
-                # the error says.
-                if (isinstance(exc, Fenced) or is_connection_error(exc)
-                        or any(c.is_closed() for c in self._connections)):
-                    reason = one_line(exc)
-                    if is_timeout(exc):
-                        # The server stopped answering (frozen, or cut off
-                        # without a word): a polite goodbye would wait for it.
-                        for conn in self._connections:
-                            conn.terminate()
-                        if reason == "TimeoutError":
-                            reason = "the database did not answer in time (TimeoutError)"
-                    raise _LifeOver(reason) from exc
-                raise
+                over = self._life_over(exc)
+                if over is None:
+                    raise
+                raise over from exc
             finally:
                 self._connections = []
+
+    async def _start_upkeep(self, stack: contextlib.AsyncExitStack,
+                            control: asyncpg.Connection, url: str) -> list[asyncio.Future[Any]]:
+        """Open the life's other connections (monitor, heartbeat, ledger),
+        register the worker, and start what guards the life: the heartbeat,
+        the leader's upkeep, and the control connection's end."""
+        config = self.config
+        lost = asyncio.Event()
+        control.add_termination_listener(lambda _: lost.set())
+        monitor = self._monitor = await upkeep.connect(url, self._app_name("monitor"), config)
+        stack.push_async_callback(self._close_monitor, monitor)
+        self._connections.append(monitor)
+        self.job_types = list(self.registry)
+        await queries["register_worker"].fetch(
+            monitor, id=self.worker_id, name=self.name,
+            mode="shared" if config.shared else "exclusive",
+            queues=None if config.served is None else list(config.served),
+            job_types=self.job_types)
+        beating = await upkeep.connect(url, self._app_name("heartbeat"), config)
+        stack.push_async_callback(_close, beating)
+        self._connections.append(beating)
+        self._ledger = await upkeep.connect(url, self._app_name("ledger"), config)
+        stack.push_async_callback(_close, self._ledger)
+        self._connections.append(self._ledger)
+        heartbeat = Heartbeat(config, beating, self.worker_id, lambda: self.role, self.stats)
+        leader = Leader(config, monitor, self.worker_id, self.stats, self.monitor_lock,
+                        schedules=self.registry.schedules)
+        guards: list[asyncio.Future[Any]] = [asyncio.create_task(heartbeat.run_forever()),
+                                             asyncio.create_task(leader.run_forever()),
+                                             asyncio.ensure_future(lost.wait())]
+        for guard in guards:
+            stack.push_async_callback(_cancel, guard)
+        return guards
+
+    def _engines(self, stack: contextlib.AsyncExitStack, url: str, sync_types: list[str]
+                 ) -> tuple[AsyncEngine, SyncEngine | None]:
+        """The lanes' engine, and the threads' when there are sync handlers."""
+        config = self.config
+        engine = lane_engine(url, len(config.lane_queues) + bool(sync_types),
+                             self._app_name("lane"))
+        stack.push_async_callback(engine.dispose)
+        if not sync_types:
+            return engine, None
+        sync_engine = thread_engine(url, config.threads, self._app_name("lane-thread"))
+        stack.push_async_callback(asyncio.to_thread, sync_engine.dispose)
+        return engine, sync_engine
+
+    def _life_over(self, exc: Exception) -> _LifeOver | None:
+        """What ends this life and starts another: a fencing, or a lost
+        connection. A connection cut under a query can surface as a protocol
+        error ("another operation is in progress") before asyncpg notices the
+        socket is closed: a closed connection means start over, whatever the
+        error says. None: an error of another kind, raised as it is."""
+        if not (isinstance(exc, Fenced) or is_connection_error(exc)
+                or any(c.is_closed() for c in self._connections)):
+            return None
+        reason = one_line(exc)
+        if is_timeout(exc):
+            # The server stopped answering (frozen, or cut off without a
+            # word): a polite goodbye would wait for it.
+            for conn in self._connections:
+                conn.terminate()
+            if reason == "TimeoutError":
+                reason = "the database did not answer in time (TimeoutError)"
+        return _LifeOver(reason)
 
     async def _announce(self, url: str) -> tuple[asyncpg.Connection, str]:
         """Connect and take a liveness lock on a fresh random id; the
