@@ -9,7 +9,7 @@ its own hand-back rule), and hands each to its executor: `executor` runs
 async handlers in the batch's transaction on the lane's connection, judging
 each job's `outcome` and recording them all (`completer`), and runs the batch
 again after a rollback as `recovery` says; `threads` runs sync (plain `def`)
-handlers in a bounded pool of threads. `handler` is what a handler sees (its
+handlers in a bounded `pool` of threads. `handler` is what a handler sees (its
 session and the hooks behind it, `current_job()`, `Snooze`); `interrupt`
 stops one running handler (its timeout, a cancel); `upkeep` keeps the worker
 alive and the queue clean (heartbeat and fencing, rescue and pruning);

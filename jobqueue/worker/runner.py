@@ -73,8 +73,9 @@ from jobqueue.worker.floors import Floors
 from jobqueue.worker.handler import lane_engine
 from jobqueue.worker.lane import Lane
 from jobqueue.worker.life import Life
+from jobqueue.worker.pool import ThreadPool
 from jobqueue.worker.stats import WorkerStats
-from jobqueue.worker.threads import ThreadExecutor, ThreadPool, thread_engine
+from jobqueue.worker.threads import ThreadExecutor, thread_engine
 from jobqueue.worker.upkeep import Fenced, Heartbeat, Leader, rescue
 
 logger = logging.getLogger("jobqueue.worker")
