@@ -391,7 +391,7 @@ async def test_cancel_a_running_job_that_its_worker_stops(
         deleting = asyncio.create_task(client.delete(f"/jobs/{job_id}"))
         assert await asyncio.wait_for(asked.get(), 10) == f"cancel:{job_id}"
         await queries["fail"].fetch(conn, ids=[job_id], errors=["cancelled"], delays=[0.0],
-                                    retry=[False], worker_id=42, taken=False)
+                                    retry=[False], traces=[None], worker_id=42, taken=False)
         response = await asyncio.wait_for(deleting, 10)
         assert response.status_code == 200, response.text
         job = response.json()

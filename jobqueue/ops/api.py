@@ -277,7 +277,8 @@ class Job(JobSummary):
     unique_key: str | None
     payload: dict[str, Any]
     error_history: list[dict[str, Any]] = Field(
-        description="every failed attempt: attempt number, error, time")
+        description="every failed attempt: attempt number, error, time, and the "
+                    "traceback when the handler raised")
     result: Any = None
     worker_id: int | None = Field(description="the worker that claimed it last")
 

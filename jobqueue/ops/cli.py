@@ -509,11 +509,20 @@ def _shorten(text: str, width: int) -> str:
 
 
 def format_job(job: dict[str, Any]) -> str:
-    width = max(len(k) for k in job)
-    return "\n".join(
-        f"{k:<{width}}  {json.dumps(v) if isinstance(v, dict | list) else v}"
-        for k, v in job.items()
-    )
+    """One job, a line per field; each failed attempt below, with its
+    traceback when it kept one (`--json` has them all as they are stored)."""
+    history = job.get("error_history") or []
+    fields = {k: (f"{len(history)} failed attempt(s), below" if k == "error_history" and history
+                  else v) for k, v in job.items()}
+    width = max(len(k) for k in fields)
+    lines = [f"{k:<{width}}  {json.dumps(v) if isinstance(v, dict | list) else v}"
+             for k, v in fields.items()]
+    for entry in history:
+        lines.append(f"\nattempt {entry.get('attempt')} failed at {entry.get('at')}: "
+                     f"{entry.get('error')}")
+        if entry.get("traceback"):
+            lines.extend("  " + line for line in str(entry["traceback"]).rstrip().splitlines())
+    return "\n".join(lines)
 
 
 # -- parsing and running ----------------------------------------------------------

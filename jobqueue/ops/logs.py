@@ -8,6 +8,8 @@ in the message, for a terminal:
     2026-11-29 09:00:00,000 INFO jobqueue.worker: job 3f1c… (send_email) attempt 1
     completed in 1.2 ms                                      (one line, wrapped here)
 
+A failed job's traceback is the one thing printed below its line, indented.
+
 The JSON format writes one object per line with `ts` (ISO 8601, UTC), `level`,
 `logger`, `message` and every structured field, for a log pipeline:
 
@@ -65,11 +67,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """`TEXT_FORMAT`, and a failed job's traceback (its `traceback` field)
+    below the line, indented, as Python prints an exception's."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        trace = getattr(record, "traceback", None)
+        if not isinstance(trace, str) or not trace:
+            return line
+        return line + "\n" + "\n".join("  " + row for row in trace.rstrip().splitlines())
+
+
 def formatter(fmt: LogFormat) -> logging.Formatter:
     if fmt == "json":
         return JsonFormatter()
     if fmt == "text":
-        return logging.Formatter(TEXT_FORMAT)
+        return TextFormatter()
     raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
 
 

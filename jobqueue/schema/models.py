@@ -34,6 +34,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 JOB_TYPE_MAX_LENGTH = 100
 #: `error_message` keeps at most this many characters of the last error.
 ERROR_MESSAGE_MAX_LENGTH = 2000
+#: A failed attempt's traceback in `error_history` keeps at most this many
+#: characters, its end (where the error was raised) kept first.
+TRACEBACK_MAX_LENGTH = 8000
 #: What a queue may be called: short, and safe in a URL path, a metric label
 #: and a shell command without quoting.
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"

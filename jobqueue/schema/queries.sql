@@ -361,7 +361,7 @@ RETURNING j.id,
 -- fail --
 -- Record failed attempts (:taken as in `complete`): each becomes `retrying`,
 -- due after its backoff, or `failed` for good; every attempt is appended to
--- error_history. The waiters of a job failed for good are told as in
+-- error_history, with its traceback when it has one (NULL: none). The waiters of a job failed for good are told as in
 -- `complete` (a job that will be retried has not finished).
 UPDATE jobs AS j
 SET status = CASE WHEN d.retry THEN 'retrying' ELSE 'failed' END,
@@ -375,10 +375,12 @@ SET status = CASE WHEN d.retry THEN 'retrying' ELSE 'failed' END,
     started_at = CASE WHEN :taken THEN now() ELSE j.started_at END,
     worker_id = :worker_id,
     error_message = d.error,
-    error_history = j.error_history || jsonb_build_array(jsonb_build_object(
-        'attempt', j.retry_count + 1, 'error', d.error, 'at', statement_timestamp()))
-FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[]),
-            CAST(:delays AS float8[]), CAST(:retry AS boolean[])) AS d(id, error, delay, retry)
+    error_history = j.error_history || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+        'attempt', j.retry_count + 1, 'error', d.error, 'at', statement_timestamp(),
+        'traceback', d.trace)))
+FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[]), CAST(:delays AS float8[]),
+            CAST(:retry AS boolean[]), CAST(:traces AS text[]))
+     AS d(id, error, delay, retry, trace)
 WHERE j.id = d.id
   AND CASE WHEN :taken THEN j.status IN ('pending', 'retrying')
            ELSE j.status = 'processing' AND j.worker_id = :worker_id END

@@ -30,7 +30,7 @@ async def record(raw: Any, worker_id: int, out: Outcomes, batch: BatchKind,
     if out.failed_ids:
         rows = await queries["fail"].fetch(
             raw, ids=out.failed_ids, errors=out.errors, delays=out.delays,
-            retry=out.retry, worker_id=worker_id, taken=taken)
+            retry=out.retry, traces=out.traces, worker_id=worker_id, taken=taken)
         if len(rows) != len(out.failed_ids):
             raise LostOwnership
     if out.snoozed_ids:

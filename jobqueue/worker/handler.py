@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import traceback
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
 from jobqueue.enqueue import check_strings
-from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, TIMEOUT_MAX
+from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, TIMEOUT_MAX, TRACEBACK_MAX_LENGTH
 from jobqueue.schema.queries import queries
 from jobqueue.worker.guard import refusal
 
@@ -108,8 +109,23 @@ def current_job() -> ClaimedJob:
 def error_text(exc: BaseException) -> str:
     """The error as text PostgreSQL can store (no NUL, no lone surrogate)."""
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    text = text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
-    return text[:ERROR_MESSAGE_MAX_LENGTH]
+    return _storable(text)[:ERROR_MESSAGE_MAX_LENGTH]
+
+
+def traceback_text(exc: BaseException) -> str:
+    """The error's traceback as Python prints it (its causes included), as
+    text PostgreSQL can store, at most TRACEBACK_MAX_LENGTH characters: a
+    longer one loses its beginning, the outermost frames, and says so."""
+    text = _storable("".join(traceback.format_exception(exc)))
+    if len(text) <= TRACEBACK_MAX_LENGTH:
+        return text
+    marker = "[… the traceback's beginning is cut]\n"
+    return marker + text[len(text) - TRACEBACK_MAX_LENGTH + len(marker):]
+
+
+def _storable(text: str) -> str:
+    """No NUL and no lone surrogate: text PostgreSQL accepts."""
+    return text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def encode_result(result: Any) -> str | None:

@@ -17,7 +17,7 @@ from jobqueue.registry import HandlerRegistry
 from jobqueue.retry import RetryPolicy
 from jobqueue.schema.locks import CANCELLED
 from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH
-from jobqueue.worker.handler import ClaimedJob, Snooze, error_text
+from jobqueue.worker.handler import ClaimedJob, Snooze, error_text, traceback_text
 
 logger = logging.getLogger("jobqueue.worker")
 
@@ -36,6 +36,7 @@ class Decided(NamedTuple):
     retry: bool  # a failure: tried again (else failed for good)
     delay: float  # a failure's backoff, or a snooze's
     logged: bool
+    trace: str | None = None  # a failure's traceback (`handler.traceback_text`)
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Outcomes:
     errors: list[str] = field(default_factory=list)
     delays: list[float] = field(default_factory=list)
     retry: list[bool] = field(default_factory=list)
+    traces: list[str | None] = field(default_factory=list)
     snoozed_ids: list[uuid.UUID] = field(default_factory=list)
     snoozes: list[float] = field(default_factory=list)
     not_started: list[uuid.UUID] = field(default_factory=list)
@@ -58,11 +60,13 @@ class Outcomes:
         self.results.append(result)
         self.handler_times.append(seconds)
 
-    def failure(self, job_id: uuid.UUID, error: str, retry: bool, delay: float) -> None:
+    def failure(self, job_id: uuid.UUID, error: str, retry: bool, delay: float,
+                trace: str | None = None) -> None:
         self.failed_ids.append(job_id)
         self.errors.append(error[:ERROR_MESSAGE_MAX_LENGTH])
         self.retry.append(retry)
         self.delays.append(delay)
+        self.traces.append(trace)
 
     def snooze(self, job_id: uuid.UUID, seconds: float) -> None:
         self.snoozed_ids.append(job_id)
@@ -72,7 +76,8 @@ class Outcomes:
         if outcome.kind == DONE:
             self.success(job_id, outcome.value, outcome.seconds or 0.0)
         elif outcome.kind == FAILED:
-            self.failure(job_id, outcome.value or "", outcome.retry, outcome.delay)
+            self.failure(job_id, outcome.value or "", outcome.retry, outcome.delay,
+                         outcome.trace)
         else:
             self.snooze(job_id, outcome.delay)
 
@@ -83,30 +88,33 @@ def timeout_of(job: ClaimedJob, registry: HandlerRegistry) -> float | None:
 
 
 def failure(job: ClaimedJob, error: str, policy: RetryPolicy, final: bool = False,
-            seconds: float | None = None) -> Decided:
+            seconds: float | None = None, trace: str | None = None) -> Decided:
     """A failed attempt: retried after its backoff, or failed for good
     (`final`: whatever retries are left)."""
     retry = not final and job.retry_count < job.max_retries
     delay = policy.delay(job.attempt) if retry else 0.0
-    return Decided(FAILED, error, seconds, retry, delay, False)
+    return Decided(FAILED, error, seconds, retry, delay, False, trace)
 
 
 def outcome_of(job: ClaimedJob, exc: Exception, stopped: str | None, seconds: float,
                policy: RetryPolicy) -> Decided:
     """What a handler's exception makes of its attempt: stopped (`stopped`,
     the reason) by its timeout (a failure) or a cancel (failed for good), a
-    snooze, or a failure."""
+    snooze, or a failure, which keeps its traceback."""
     if stopped is not None:
         return failure(job, stopped, policy, final=stopped == CANCELLED, seconds=seconds)
     if isinstance(exc, Snooze):
         return Decided(SNOOZED, None, seconds, False, exc.seconds, False)
-    return failure(job, error_text(exc), policy, seconds=seconds)
+    return failure(job, error_text(exc), policy, seconds=seconds, trace=traceback_text(exc))
 
 
 def note(job: ClaimedJob, outcome: Decided, out: Outcomes, worker_id: int) -> None:
     """Add a job's outcome to its batch's, and say what became of it (once:
     a rerun's kept outcomes were said the first time; a success is said
-    when its batch has committed, `log_completed`)."""
+    when its batch has committed, `log_completed`). A failure's traceback
+    goes with it as the `traceback` field, as stored: text PostgreSQL and
+    a log file can hold (`exc_info` would print the exception's raw text),
+    printed below the line by the CLI's text format (`ops/logs.py`)."""
     out.add(job.id, outcome)
     if outcome.logged or outcome.kind == DONE:
         return
@@ -127,7 +135,7 @@ def note(job: ClaimedJob, outcome: Decided, out: Outcomes, worker_id: int) -> No
                           "job_type": job.job_type, "attempt": job.attempt,
                           "duration_ms": duration, "worker_id": worker_id,
                           "retry": retry, "retry_in_s": round(delay, 3) if retry else None,
-                          "error": error})
+                          "error": error, "traceback": outcome.trace})
 
 
 def failed_at_commit(job: ClaimedJob, exc: Exception, policy: RetryPolicy,
@@ -136,13 +144,14 @@ def failed_at_commit(job: ClaimedJob, exc: Exception, policy: RetryPolicy,
     attempt counted."""
     out = Outcomes()
     error = error_text(exc)
-    outcome = failure(job, error, policy)
+    outcome = failure(job, error, policy, trace=traceback_text(exc))
     out.add(job.id, outcome)
     logger.warning("job %s (%s) attempt %d failed at commit: %s", job.id, job.job_type,
                    job.attempt, error,
                    extra={"event": "job_failed", "job_id": str(job.id),
                           "job_type": job.job_type, "attempt": job.attempt,
-                          "worker_id": worker_id, "retry": outcome.retry, "error": error})
+                          "worker_id": worker_id, "retry": outcome.retry, "error": error,
+                          "traceback": outcome.trace})
     return out
 
 

@@ -72,9 +72,9 @@ def decided_of(out: Outcomes, touched_ids: set[uuid.UUID], rerun: Rerun
     savepoints took them back) and the successes that never touched the
     database; and the culprit's own outcome. Also how many successes wrote
     and must run again."""
-    kept = {job_id: Decided(FAILED, error, None, retry, delay, True)
-            for job_id, error, retry, delay in zip(out.failed_ids, out.errors, out.retry,
-                                                   out.delays, strict=True)}
+    kept = {job_id: Decided(FAILED, error, None, retry, delay, True, trace)
+            for job_id, error, retry, delay, trace in zip(
+                out.failed_ids, out.errors, out.retry, out.delays, out.traces, strict=True)}
     kept.update({job_id: Decided(SNOOZED, None, None, False, seconds, True)
                  for job_id, seconds in zip(out.snoozed_ids, out.snoozes, strict=True)})
     again = 0

@@ -213,7 +213,8 @@ def _record(conn: Connection, run: SyncRun, out: Outcomes, worker_id: int) -> li
     else:
         rows = conn.execute(queries["fail"].text, {
             "ids": out.failed_ids, "errors": out.errors, "delays": out.delays,
-            "retry": out.retry, "worker_id": worker_id, "taken": False}).all()
+            "retry": out.retry, "traces": out.traces, "worker_id": worker_id,
+            "taken": False}).all()
     if len(rows) != 1:
         raise LostOwnership
     if run.began:

@@ -162,6 +162,33 @@ async def test_hostile_job_content_renders_as_text_and_runs_nothing(
     assert confirm.asked == [] and console_errors == []
 
 
+async def test_a_failed_attempts_traceback_opens_on_click_as_text(
+        served: Served, page: Page, console_errors: list[str],
+        conn: asyncpg.Connection) -> None:
+    trace = ('Traceback (most recent call last):\n  File "app/images.py", line 12, in resize\n'
+             '    width = options["width"]\n'
+             f"KeyError: 'width' {HOSTILE_ERROR}\n")
+    error = "KeyError: 'width'"
+    job_id = await conn.fetchval(
+        """INSERT INTO jobs (job_type, status, retry_count, max_retries, error_message,
+                             error_history, started_at, completed_at)
+           VALUES ('resize', 'failed', 0, 0, $1::text,
+                   jsonb_build_array(jsonb_build_object(
+                       'attempt', 1, 'error', $1::text, 'at', now(), 'traceback', $2::text)),
+                   now(), now())
+           RETURNING id""", error, trace)
+    await page.goto(f"{served.url}/dashboard/jobs/{job_id}")
+    details = page.locator("main details.traceback")
+    await expect(details).to_have_count(1)
+    await expect(details.locator("pre")).to_be_hidden()  # folded until asked for
+    await details.locator("summary").click()
+    await expect(details.locator("pre")).to_be_visible()
+    await expect(details.locator("pre")).to_contain_text('width = options["width"]')
+    await expect(details.locator("pre")).to_contain_text(HOSTILE_ERROR)  # as text
+    assert await page.evaluate("window.__pwned") is None
+    assert await page.locator("main img").count() == 0 and console_errors == []
+
+
 @pytest.fixture
 def hostile_site() -> Iterator[Callable[[str], str]]:
     """Another origin (localhost on another port: another site, too): a
