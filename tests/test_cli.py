@@ -45,6 +45,27 @@ async def test_enqueue_then_work_then_status(db_url: str, conn: asyncpg.Connecti
     assert "completed" in human.stdout and "latency" in human.stdout
 
 
+async def test_a_job_is_named_by_the_start_of_its_id_when_only_it_starts_so(
+        db_url: str, conn: asyncpg.Connection) -> None:
+    """Ids made in the same minute share their first digits (they are
+    time-ordered): a prefix names a job only when no other job has it."""
+    first, second = (uuid.UUID("0193aaaa-bbbb-7ccc-8ddd-000000000001"),
+                     uuid.UUID("0193aaaa-bbbb-7ccc-8ddd-100000000002"))
+    for job_id in (first, second):
+        await conn.execute("INSERT INTO jobs (id, job_type) VALUES ($1, 't')", job_id)
+    shown = jobqueue("status", "0193aaaa-bbbb-7ccc-8ddd", "--json", url=db_url)
+    assert "several jobs' ids start with" in assert_one_line_error(shown)
+    shown = jobqueue("status", str(second), "--json", url=db_url)  # whole: as before
+    assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == str(second)
+    unique = str(first).replace("-", "")[:31]  # no dashes, one digit short
+    assert json.loads(jobqueue("status", unique, "--json", url=db_url).stdout)["id"] == str(first)
+    cancelled = jobqueue("cancel", unique, url=db_url)
+    assert cancelled.returncode == 0 and str(first) in cancelled.stdout, cancelled.stderr
+    assert "no job whose id starts with" in assert_one_line_error(
+        jobqueue("status", "ffff", url=db_url))
+    assert "4 or more hex digits" in assert_one_line_error(jobqueue("status", "019", url=db_url))
+
+
 async def test_run_at_schedules_the_job(db_url: str, conn: asyncpg.Connection) -> None:
     out = jobqueue("enqueue", "t", "--run-at", "2031-05-01T10:00:00+02:00", url=db_url)
     assert out.returncode == 0, out.stderr

@@ -313,6 +313,18 @@ async def walk(web: httpx.AsyncClient, params: dict[str, str]) -> list[str]:
     return seen
 
 
+async def test_a_list_shows_whole_ids_that_tell_jobs_apart(
+        web: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+    """Ids made in the same minute share their first digits: the list shows
+    them whole, to copy into `jobqueue status` or a log search."""
+    ids = [uuid.UUID(f"0193aaaa-bbbb-7ccc-8ddd-00000000000{n}") for n in (1, 2)]
+    for job_id in ids:
+        await conn.execute("INSERT INTO jobs (id, job_type) VALUES ($1, 'mail')", job_id)
+    html = (await web.get("/dashboard/jobs", params={"status": "waiting"})).text
+    shown = re.findall(r'<td class="id"><a href="[^"]*">([^<]+)</a></td>', html)
+    assert sorted(shown) == [str(job_id) for job_id in ids]
+
+
 async def test_each_list_walks_every_job_once_in_its_order(
         web: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
     await conn.execute(

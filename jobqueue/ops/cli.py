@@ -47,6 +47,38 @@ class CliError(Exception):
 # -- commands -------------------------------------------------------------------
 
 
+def job_id_of(text: str, url: str) -> uuid.UUID:
+    """A job id as a person gives it: whole, or the start of one (at least 4
+    hex digits, dashes optional), which must name exactly one job. The
+    dashboard shows whole ids; a prefix saves copying one from a log."""
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        pass
+    digits = text.replace("-", "").lower()
+    if not 4 <= len(digits) < 32 or any(c not in "0123456789abcdef" for c in digits):
+        raise CliError(f"not a job id, nor the start of one (4 or more hex digits): {text!r}")
+
+    async def matching() -> list[uuid.UUID]:
+        from jobqueue.schema.queries import queries
+
+        conn = await db.connect(url, application_name="jobqueue cli")
+        try:
+            rows = await queries["jobs_by_prefix"].fetch(
+                conn, low=str(uuid.UUID(digits.ljust(32, "0"))),
+                high=str(uuid.UUID(digits.ljust(32, "f"))))
+        finally:
+            await conn.close()
+        return [row["id"] for row in rows]
+
+    found = asyncio.run(matching())
+    if not found:
+        raise CliError(f"no job whose id starts with {text!r}")
+    if len(found) > 1:
+        raise CliError(f"several jobs' ids start with {text!r}: give more of the id")
+    return found[0]
+
+
 def use_database() -> str:
     """The database a command works on: `DATABASE_URL`, or else the embedded
     PostgreSQL 16, started here if need be (so every command works on a fresh
@@ -167,13 +199,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from jobqueue.schema.queries import queries
 
     try:
-        job_id = control.as_job_id(args.job_id)
         reason = control.check_reason(args.reason)
     except ValueError as e:
         raise CliError(str(e)) from None
     if not args.wait >= 0 or args.wait == float("inf"):
         raise CliError(f"--wait must be 0 or more seconds, not {args.wait}")
     url = use_database()
+    job_id = job_id_of(args.job_id, url)
 
     async def go() -> tuple[int, str]:
         engine = db.create_engine(url)
@@ -395,12 +427,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         finally:
             await conn.close()
 
-    if args.job_id is not None:
-        try:
-            args.job_id = uuid.UUID(args.job_id)
-        except ValueError:
-            raise CliError(f"not a job id: {args.job_id!r}") from None
     url = use_database()
+    if args.job_id is not None:
+        args.job_id = job_id_of(args.job_id, url)
     result = asyncio.run(go())
     if result is None:
         raise CliError(f"no job {args.job_id}")
@@ -577,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the outcome. Exit status: 0 cancelled; 3 it had finished, or "
                         "finished first; 4 still running after --wait seconds (the worker "
                         "was asked); 1 an error (no such job, bad input).")
-    s.add_argument("job_id", metavar="JOB_ID")
+    s.add_argument("job_id", metavar="JOB_ID", help="the job's id, or its start (4+ hex digits)")
     s.add_argument("--reason", help="kept in error_message ('cancelled: REASON') of a job "
                                     "cancelled at once; a worker records 'cancelled'")
     s.add_argument("--wait", type=float, default=5.0, metavar="SECONDS",
@@ -653,7 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_queue)
 
     s = add("status", help="counts by status and recent figures, or one job")
-    s.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    s.add_argument("job_id", nargs="?", metavar="JOB_ID",
+                   help="one job: its id, or its start (4+ hex digits)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--window", type=float, default=300.0,
                    help="seconds of recent history to summarise (default 300)")

@@ -823,6 +823,15 @@ LIMIT :limit;
 -- One job's status; no row: no such job.
 SELECT status FROM jobs WHERE id = :id;
 
+-- jobs_by_prefix --
+-- The jobs whose id begins with a prefix a person typed (:low and :high: the
+-- prefix filled out with 0s and with fs), one range of the primary key: at
+-- most two, enough to tell one job from several.
+SELECT id FROM jobs
+WHERE id BETWEEN CAST(:low AS uuid) AND CAST(:high AS uuid)
+ORDER BY id
+LIMIT 2;
+
 -- api_retry_job --
 -- Run a failed job again: pending, due now, its retries renewed, its error
 -- history kept. Only a `failed` job qualifies (no row back otherwise); the
