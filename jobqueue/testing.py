@@ -31,7 +31,9 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobqueue import db
 from jobqueue.registry import HandlerRegistry, handlers
+from jobqueue.schema.locks import ACTIVE_KEY, LOCK_CLASS
 from jobqueue.schema.queries import queries
 from jobqueue.worker import JobRunner
 
@@ -64,7 +66,12 @@ async def drain(
     database_url: str | None = None, *, registry: HandlerRegistry = handlers, **options: Any
 ) -> dict[str, Any]:
     """Run every job that is due now, then return the worker's report.
-    `options`: JobRunner's (a `config=`, or its settings); burst is implied."""
+    `options`: JobRunner's (a `config=`, or its settings); burst is implied.
+
+    RuntimeError at once, saying which worker, when another worker is active
+    on the database (a development worker left running): an exclusive drain
+    would stand by until that worker stops, and that one would run the jobs.
+    `shared=True` drains beside it instead."""
     options.setdefault("install_signal_handlers", False)
     config = options.pop("config", None)
     if config is not None:
@@ -72,7 +79,24 @@ async def drain(
     else:
         options["burst"] = True
     runner = JobRunner(database_url, registry=registry, **options)
+    if not runner.config.shared:
+        holder = await _active_holder(db.database_url(runner.database_url))
+        if holder is not None:
+            raise RuntimeError(
+                f"drain() cannot run: {holder!r} is the active worker on this database; "
+                "a drain would stand by until it stops, and it would run the jobs. "
+                "Stop it, or call drain(..., shared=True) to run beside it")
     return await runner.run()
+
+
+async def _active_holder(url: str) -> str | None:
+    """Who holds the database's active-worker lock (`queries.sql: active_holder`)."""
+    conn = await db.connect(url, application_name="jobqueue drain")
+    try:
+        return await queries["active_holder"].fetchval(conn, lock_class=LOCK_CLASS,
+                                                       key=ACTIVE_KEY)
+    finally:
+        await conn.close()
 
 
 class WorkerProcess:

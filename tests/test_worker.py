@@ -540,3 +540,31 @@ async def test_a_burst_run_ends_when_its_lanes_are_done_not_a_poll_interval_late
     assert report["processed"] == 300 and report["batches"] > 2
     assert len(lanes) == 2  # both lanes worked: one of them had to wait for the other
     assert await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'completed'") == 300
+
+
+async def test_drain_says_at_once_that_an_active_worker_would_run_the_jobs(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """A development worker left running holds the active lock: an exclusive
+    drain would stand by for ever. It says so; `shared=True` runs beside it."""
+    other = HandlerRegistry()  # the running worker knows no type the drain runs
+
+    @other.register("elsewhere")
+    async def elsewhere(session: Any, payload: dict[str, Any]) -> None:
+        return None
+
+    ours = HandlerRegistry()
+
+    @ours.register("mine")
+    async def mine(session: Any, payload: dict[str, Any]) -> None:
+        return None
+
+    active = runner(db_url, other)
+    async with running(active):
+        await wait_for(lambda: active.state == "active", message="the other worker active")
+        async with engine.begin() as s:
+            job_id = await enqueue(s, "mine", {})
+        with pytest.raises(RuntimeError, match=r"'jobqueue worker \d+ active [^']*' is the "
+                                               r"active worker on this database"):
+            await asyncio.wait_for(drain(db_url, registry=ours), 10)
+        report = await asyncio.wait_for(drain(db_url, registry=ours, shared=True), 30)
+    assert report["processed"] == 1 and await status_of(conn, job_id) == "completed"

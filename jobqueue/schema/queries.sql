@@ -823,6 +823,15 @@ LIMIT :limit;
 -- One job's status; no row: no such job.
 SELECT status FROM jobs WHERE id = :id;
 
+-- active_holder --
+-- The connection that holds this database's active-worker lock, named as
+-- workers name it (`jobqueue worker ID active`); no row: nobody holds it.
+SELECT a.application_name
+FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+  AND l.classid = CAST(:lock_class AS oid) AND l.objid = CAST(:key AS oid)
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());
+
 -- jobs_by_prefix --
 -- The jobs whose id begins with a prefix a person typed (:low and :high: the
 -- prefix filled out with 0s and with fs), one range of the primary key: at
