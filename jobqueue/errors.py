@@ -51,6 +51,18 @@ def is_connection_error(exc: BaseException) -> bool:
                for e in _causes(exc))
 
 
+#: What to do about a database without the schema (`is_missing_schema`).
+MIGRATE_HINT = "the database has no jobqueue schema yet; run `jobqueue migrate`"
+
+
+def is_missing_schema(exc: BaseException) -> bool:
+    """True when a statement named a table that is not there (SQLSTATE
+    42P01): a database nobody ran `jobqueue migrate` on."""
+    return any(isinstance(e, asyncpg.UndefinedTableError)
+               or "42P01" in (getattr(e, "sqlstate", None), getattr(e, "pgcode", None))
+               for e in _causes(exc))
+
+
 def is_timeout(exc: BaseException) -> bool:
     """True when the client gave up waiting (its own timeout): the server did
     not answer at all, unlike a statement timeout, which is its answer."""

@@ -785,3 +785,26 @@ async def test_jobqueue_serve_answers_on_loopback_and_stops_on_sigterm(
             proc.wait(10)
         log.close()
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+async def test_a_database_without_the_schema_is_a_503_that_says_to_migrate(
+        server_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`jobqueue serve` started before `jobqueue migrate`: every page and
+    route says what to do, instead of a 500 and a traceback in the log."""
+    from jobqueue import db
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    url = await db.create_database(server_url, "jobqueue_api_unmigrated", replace=True)
+    app = create_app(url, token=None)
+    try:
+        async with client_for(app) as web:
+            for path in ("/jobs", f"/jobs/{uuid.UUID(int=7)}", "/queues"):
+                answer = await web.get(path)
+                assert answer.status_code == 503, (path, answer.text)
+                assert "run `jobqueue migrate`" in answer.json()["detail"], path
+            for path in ("/", "/dashboard/jobs"):  # the dashboard's pages
+                page = await web.get(path)
+                assert page.status_code == 503 and "jobqueue migrate" in page.text, path
+    finally:
+        await app.state.jobqueue_engine.dispose()
+        await db.drop_database(server_url, "jobqueue_api_unmigrated")

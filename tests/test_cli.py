@@ -165,8 +165,11 @@ def test_a_bad_database_url_is_one_line(url: str, message: str) -> None:
 async def test_migrate_creates_the_schema(server_url: str) -> None:
     url = await db.create_database(server_url, "jobqueue_cli_migrate", replace=True)
     try:
-        missing = jobqueue("status", url=url)
-        assert "no jobqueue schema yet; run `jobqueue migrate`" in assert_one_line_error(missing)
+        for command in (["status"], ["enqueue", "t"], ["cancel", str(uuid.UUID(int=7))],
+                        ["status", str(uuid.UUID(int=7))], ["queue", "pause", "mail"]):
+            missing = jobqueue(*command, url=url)
+            assert "no jobqueue schema yet; run `jobqueue migrate`" in assert_one_line_error(
+                missing), command
         result = jobqueue("migrate", url=url)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("schema at ") and "(was empty)" in result.stdout

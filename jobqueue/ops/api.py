@@ -110,7 +110,7 @@ from jobqueue.enqueue import (
     encode_payload,
     try_enqueue,
 )
-from jobqueue.errors import is_connection_error
+from jobqueue.errors import MIGRATE_HINT, is_connection_error, is_missing_schema
 from jobqueue.ops import actions, metrics, routing
 from jobqueue.ops.dashboard import create_dashboard
 from jobqueue.ops.origin import cross_origin
@@ -421,6 +421,8 @@ class _GuardedRoute(APIRoute):
             except Exception as exc:
                 if is_connection_error(exc):
                     return _problem(503, "the database is unavailable; try again later")
+                if is_missing_schema(exc):
+                    return _problem(503, MIGRATE_HINT)
                 raise
 
         return guarded

@@ -27,6 +27,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from jobqueue import db
+from jobqueue.errors import MIGRATE_HINT, is_missing_schema
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.ops.logs import FORMATS, configure_logging
 from jobqueue.ops.token import TOKEN_ENV
@@ -717,12 +718,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (CliError, db.ConfigError) as e:
         print(f"jobqueue: error: {e}", file=sys.stderr)
         code = 1
-    except asyncpg.UndefinedTableError as e:
-        print(f"jobqueue: error: {_one_line(e)}: the database has no jobqueue schema yet; "
-              "run `jobqueue migrate`", file=sys.stderr)
-        code = 1
     except (OSError, asyncpg.PostgresError, SQLAlchemyError) as e:
-        print(f"jobqueue: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        if is_missing_schema(e):
+            print(f"jobqueue: error: {_one_line(e)}: {MIGRATE_HINT}", file=sys.stderr)
+        else:
+            print(f"jobqueue: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         code = 1
     sys.exit(code)
 

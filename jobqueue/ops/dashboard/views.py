@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from jobqueue import __version__, queues
 from jobqueue.enqueue import check_job_type, check_queue
-from jobqueue.errors import is_connection_error
+from jobqueue.errors import MIGRATE_HINT, is_connection_error, is_missing_schema
 from jobqueue.ops import actions, horizon
 from jobqueue.ops.dashboard import auth, charts, overview, pages
 from jobqueue.ops.origin import SAFE_METHODS, cross_origin
@@ -140,10 +140,15 @@ class _DashboardRoute(APIRoute):
             except _Refused as refused:
                 response = _message_page(request, refused.status, str(refused))
             except Exception as exc:
-                if not is_connection_error(exc):
+                if is_missing_schema(exc):
+                    response = _message_page(request, 503, MIGRATE_HINT[0].upper()
+                                             + MIGRATE_HINT[1:] + ".")
+                elif is_connection_error(exc):
+                    response = _message_page(request, 503, "The database is unavailable; this "
+                                                           "page will work again once it is "
+                                                           "back.")
+                else:
                     raise
-                response = _message_page(request, 503, "The database is unavailable; this "
-                                                       "page will work again once it is back.")
             response.headers.update(SECURITY_HEADERS)
             return response
 
