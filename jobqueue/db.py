@@ -115,6 +115,17 @@ def servers(url: str | URL) -> list[tuple[str | None, int | None]]:
     return [(hosts, ports)]
 
 
+def where(url: str | URL) -> str:
+    """The servers a URL names, as `host:port` for a person to check (never
+    its user or password): what a connection error should say."""
+    try:
+        pairs = servers(url)
+    except (ConfigError, ArgumentError, ValueError):
+        return "the server DATABASE_URL names"
+    return ", ".join(f"the socket in {host}" if str(host).startswith("/")
+                     else f"{host or 'localhost'}:{port or 5432}" for host, port in pairs)
+
+
 def _dialect_args(parsed: URL) -> dict[str, Any]:
     """asyncpg.connect() arguments as SQLAlchemy's asyncpg dialect reads them."""
     try:

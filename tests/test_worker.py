@@ -568,3 +568,27 @@ async def test_drain_says_at_once_that_an_active_worker_would_run_the_jobs(
             await asyncio.wait_for(drain(db_url, registry=ours), 10)
         report = await asyncio.wait_for(drain(db_url, registry=ours, shared=True), 30)
     assert report["processed"] == 1 and await status_of(conn, job_id) == "completed"
+
+
+async def test_a_worker_that_cannot_connect_names_the_server_never_the_password(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from jobqueue.embedded.pair import free_ports
+
+    registry = HandlerRegistry()
+
+    @registry.register("noop")
+    async def noop(session: Any, payload: dict[str, Any]) -> None:
+        return None
+
+    port = free_ports(1)[0]  # nothing listens there
+    lost = runner(f"postgresql+asyncpg://alice:S3CRETPW@127.0.0.1:{port}/jobs", registry)
+
+    def restarts() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", None) == "worker_restarting"]
+
+    with caplog.at_level(logging.WARNING, logger="jobqueue.worker"):
+        async with running(lost):
+            said = (await wait_for(restarts, message="a failed start logged"))[0]
+    assert f"PostgreSQL at 127.0.0.1:{port}" in said.getMessage()
+    assert said.server == f"127.0.0.1:{port}"  # type: ignore[attr-defined]
+    assert "S3CRETPW" not in said.getMessage() and "alice" not in said.getMessage()

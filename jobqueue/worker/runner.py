@@ -196,6 +196,7 @@ class JobRunner:
                 "modules that register them (`jobqueue worker --import myapp.jobs`)")
         restore = self._install_signals()
         backoff = Backoff()
+        server = db.where(url)
         try:
             while not self.stopping:
                 try:
@@ -206,11 +207,11 @@ class JobRunner:
                         break
                     delay = backoff.next()
                     self.state = "reconnecting"
-                    logger.warning("worker %d: %s; starting over in %.2fs",
-                                   self.worker_id, over, delay,
+                    logger.warning("worker %d: %s (PostgreSQL at %s); starting over in %.2fs",
+                                   self.worker_id, over, server, delay,
                                    extra={"event": "worker_restarting",
                                           "worker_id": self.worker_id, "error": str(over),
-                                          "delay_s": round(delay, 3)})
+                                          "server": server, "delay_s": round(delay, 3)})
                     await self.sleep_unless_stopping(delay)
                     if self._active.is_set():
                         backoff.reset()
