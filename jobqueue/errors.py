@@ -58,8 +58,7 @@ MIGRATE_HINT = "the database has no jobqueue schema yet; run `jobqueue migrate`"
 def is_missing_schema(exc: BaseException) -> bool:
     """True when a statement named a table that is not there (SQLSTATE
     42P01): a database nobody ran `jobqueue migrate` on."""
-    return any(isinstance(e, asyncpg.UndefinedTableError)
-               or "42P01" in (getattr(e, "sqlstate", None), getattr(e, "pgcode", None))
+    return any("42P01" in (getattr(e, "sqlstate", None), getattr(e, "pgcode", None))
                for e in _causes(exc))
 
 

@@ -199,12 +199,10 @@ class AsyncExecutor:
             await rollback(tx)
             raise
         finally:
-            if batch.taken and left is None:
-                life.floors.released(self.number, queue, jobs)
-            elif batch.taken and left:
-                unrecorded = set(left)
-                life.floors.released(self.number, queue,
-                                     [job for job in jobs if job.id in unrecorded])
+            if batch.taken and left != []:
+                unrecorded = None if left is None else set(left)
+                life.floors.released(self.number, queue, [
+                    job for job in jobs if unrecorded is None or job.id in unrecorded])
         life.stats.count_batch(out, latencies)
         log_completed(jobs, out, self.worker_id)  # committed: now they are done
         return []
@@ -250,7 +248,8 @@ class AsyncExecutor:
                 raise
             if state.touched:
                 touched_ids.add(job.id)
-            pacing.opened(job.job_type, state.savepoints - opened)
+            if state.savepoints > opened:  # most jobs open none: no call
+                pacing.opened(job.job_type, state.savepoints - opened)
             ran += 1
         if ran:
             pacing.ran(time.perf_counter() - started, ran, state.savepoints)

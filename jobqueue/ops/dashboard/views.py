@@ -141,8 +141,7 @@ class _DashboardRoute(APIRoute):
                 response = _message_page(request, refused.status, str(refused))
             except Exception as exc:
                 if is_missing_schema(exc):
-                    response = _message_page(request, 503, MIGRATE_HINT[0].upper()
-                                             + MIGRATE_HINT[1:] + ".")
+                    response = _message_page(request, 503, MIGRATE_HINT.capitalize() + ".")
                 elif is_connection_error(exc):
                     response = _message_page(request, 503, "The database is unavailable; this "
                                                            "page will work again once it is "
