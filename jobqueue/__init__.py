@@ -11,7 +11,9 @@
     await JobRunner().run()
 
 Read on, top-down: `enqueue` (putting jobs in, inside your transaction:
-to a queue, at a priority, under a unique key, with a timeout), `queues`
+to a queue, at a priority, under a unique key, with a timeout), `codec`
+(payloads and results as JSON: `to_json` for Decimal, dates, UUIDs,
+dataclasses and your own types), `queues`
 (pausing and limiting a queue fleet-wide), `control` (`wait` for a job to
 finish, by LISTEN; `cancel` one, waiting or running), `registry`
 (handlers), `schedules` (when recurring ones tick), `worker/` (what runs
@@ -28,6 +30,7 @@ run on. `lab/` teaches (the lessons' helpers and example handlers) and
 """
 
 from jobqueue import control, queues
+from jobqueue.codec import to_json
 from jobqueue.control import FinishedJob, wait
 from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry, JobHandler, handlers
@@ -52,5 +55,6 @@ __all__ = [
     "enqueue_many",
     "handlers",
     "queues",
+    "to_json",
     "wait",
 ]

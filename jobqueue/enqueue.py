@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from jobqueue import codec
 from jobqueue.schema.models import (
     DEFAULT_QUEUE,
     JOB_TYPE_MAX_LENGTH,
@@ -143,6 +144,13 @@ def check_strings(value: Any, path: str) -> None:
             check_strings(item, f"{path}[{i}]")
 
 
+def check_nul(encoded: str, path: str) -> None:
+    """No NUL in JSON text bound for jsonb. Looked for in the text, which holds
+    what `to_json` made of the values too; located only when one is there."""
+    if "\\u0000" in encoded:
+        check_strings(json.loads(encoded), path)
+
+
 def encode_payload(payload: object) -> str:
     """The payload as JSON text for a jsonb column, or a ValueError."""
     if payload is None:
@@ -150,7 +158,7 @@ def encode_payload(payload: object) -> str:
     if not isinstance(payload, Mapping):
         raise ValueError(f"payload must be a JSON object (a dict), not {type(payload).__name__}")
     try:
-        encoded = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        encoded = codec.dumps(payload)
     except (TypeError, ValueError) as e:
         raise ValueError(f"payload is not valid JSON: {e}") from None
     try:
@@ -159,7 +167,7 @@ def encode_payload(payload: object) -> str:
         raise ValueError("payload contains a lone surrogate, which is not valid Unicode") from None
     if size > PAYLOAD_MAX_BYTES:
         raise ValueError(f"payload is {size:,} bytes; the limit is {PAYLOAD_MAX_BYTES:,}")
-    check_strings(payload, "payload")
+    check_nul(encoded, "payload")
     return encoded
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -250,7 +251,7 @@ async def test_result_that_is_not_json_fails_the_job(engine: AsyncEngine, db_url
     @registry.register("odd")
     async def odd(session: Any, payload: dict[str, Any]) -> object:
         await session.execute(text("INSERT INTO effects (job_id) VALUES (gen_random_uuid())"))
-        return {"when": datetime.now()}
+        return {"lock": threading.Lock()}  # no JSON form, and none registered
 
     async with engine.begin() as s:
         job_id = await enqueue(s, "odd", {}, max_retries=0)

@@ -42,7 +42,6 @@ would open more than `pacing.SAVEPOINT_LIMIT` in one transaction.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import traceback
 import uuid
 from contextvars import ContextVar
@@ -53,7 +52,8 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
-from jobqueue.enqueue import check_strings
+from jobqueue import codec
+from jobqueue.enqueue import check_nul
 from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, TIMEOUT_MAX, TRACEBACK_MAX_LENGTH
 from jobqueue.schema.queries import queries
 from jobqueue.worker.guard import refusal
@@ -134,9 +134,9 @@ def encode_result(result: Any) -> str | None:
     if result is None:
         return None
     try:
-        check_strings(result, "result")
-        encoded = json.dumps(result, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        encoded = codec.dumps(result)
         encoded.encode("utf-8")
+        check_nul(encoded, "result")
     except (TypeError, ValueError) as e:  # UnicodeEncodeError is a ValueError
         raise TypeError(f"handler result is not JSON PostgreSQL can store: {e}") from None
     return encoded
