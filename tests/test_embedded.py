@@ -6,6 +6,8 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +25,7 @@ from jobqueue.embedded import (
     EmbeddedPostgres,
     default_home,
 )
+from jobqueue.embedded.paths import user_home
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,6 +96,55 @@ def test_default_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert default_home() == tmp_path / "h"
     monkeypatch.delenv("JOBQUEUE_HOME")
     assert default_home() == REPO / ".jobqueue"  # we run from a source checkout
+
+
+def test_an_installed_package_keeps_one_server_per_user_wherever_it_runs(
+    tmp_path: Path
+) -> None:
+    """The package copied out of the checkout (as a wheel installs it), run
+    from two folders: the same per-user home each time, never the folder it
+    ran from (`./.jobqueue` made a new cluster in each)."""
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "jobqueue", site / "jobqueue",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JOBQUEUE_HOME", "XDG_DATA_HOME")}
+    env.update(PYTHONPATH=str(site), HOME=str(tmp_path / "user"))
+    show = "import jobqueue.embedded.paths as p; print(p.__file__); print(p.default_home())"
+    homes = set()
+    for where in (tmp_path / "a", tmp_path / "b"):
+        where.mkdir()
+        out = subprocess.run([sys.executable, "-c", show], cwd=where, env=env,
+                             capture_output=True, text=True, check=True).stdout.split("\n")
+        assert out[0].startswith(str(site))  # the copy ran, not the checkout
+        homes.add(out[1])
+    assert homes == {str(tmp_path / "user" / ".local" / "share" / "jobqueue")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    out = subprocess.run([sys.executable, "-c", show], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[1] == str(tmp_path / "data" / "jobqueue")
+
+
+def test_user_home_follows_xdg_and_ignores_a_relative_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    assert user_home() == tmp_path / ".local" / "share" / "jobqueue"
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/data")  # invalid, says the spec
+    assert user_home() == tmp_path / ".local" / "share" / "jobqueue"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "d"))
+    assert user_home() == tmp_path / "d" / "jobqueue"
+
+
+@pytest.mark.parametrize("args", [["db", "url"], ["status"]])
+def test_every_command_on_the_embedded_server_says_which(server: EmbeddedPostgres,
+                                                         args: list[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["JOBQUEUE_HOME"] = str(server.home)
+    result = subprocess.run([sys.executable, "-m", "jobqueue", *args], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert f"the embedded PostgreSQL 16 in {server.home}" in result.stderr
 
 
 def test_embedded_server_is_postgres_16_with_our_settings(server: EmbeddedPostgres) -> None:

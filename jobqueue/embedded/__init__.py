@@ -36,6 +36,7 @@ folder is therefore 0700 and owned by the server user (root bypasses that).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
@@ -50,6 +51,8 @@ from jobqueue.embedded.server import (
 )
 from jobqueue.embedded.server_user import SERVER_OS_USER
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "DATABASE_NAME",
     "MISSING",
@@ -60,6 +63,7 @@ __all__ = [
     "SUPERUSER",
     "EmbeddedPostgres",
     "EmbeddedPostgresError",
+    "announce",
     "available",
     "database_url",
     "default_home",
@@ -78,7 +82,18 @@ def available() -> bool:
 
 def ensure_running(home: Path | None = None) -> str:
     """Start the embedded server if needed (idempotent) and return its SQLAlchemy URL."""
-    return EmbeddedPostgres(home).start()
+    server = EmbeddedPostgres(home)
+    url = server.start()
+    announce(server)
+    return url
+
+
+def announce(server: EmbeddedPostgres) -> None:
+    """Say which embedded server a command uses: with one per home, a command
+    run under another home or user would otherwise work on a different
+    database without a word."""
+    logger.info("the embedded PostgreSQL %s in %s (JOBQUEUE_HOME chooses another place, "
+                "DATABASE_URL another server)", POSTGRES_MAJOR, server.place)
 
 
 def database_url() -> str:

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import stat
+import sys
 import warnings
 from pathlib import Path
 
@@ -32,18 +33,38 @@ SAFE_PATH = re.compile(r"[A-Za-z0-9_./-]+")
 def default_home() -> Path:
     """Folder for the embedded server's data, log and socket.
 
-    ``$JOBQUEUE_HOME`` wins. In a source checkout (``alembic.ini`` next to the package)
-    it is ``<checkout>/.jobqueue`` (git-ignored), so every process of the project -
-    tests, notebooks, workers - finds the same server whatever its working directory.
-    Otherwise (installed package) ``./.jobqueue``.
+    ``$JOBQUEUE_HOME`` wins. In a source checkout (``alembic.ini`` next to the
+    package) it is ``<checkout>/.jobqueue`` (git-ignored), so every process of the
+    project (tests, notebooks, workers) finds the same server. An installed
+    package keeps it in the user's data folder (`user_home`): one server per user
+    whatever folder a command runs from, where ``./.jobqueue`` made a new cluster
+    in each.
     """
     env = os.environ.get("JOBQUEUE_HOME")
     if env:
         return Path(env).expanduser()
+    return checkout_home() or user_home()
+
+
+def checkout_home() -> Path | None:
+    """``<checkout>/.jobqueue`` when the package runs from a source checkout."""
     checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "alembic.ini").exists():
-        return checkout / ".jobqueue"
-    return Path.cwd() / ".jobqueue"
+    return checkout / ".jobqueue" if (checkout / "alembic.ini").exists() else None
+
+
+def user_home() -> Path:
+    """The per-user place: ``$XDG_DATA_HOME/jobqueue`` (``~/.local/share/jobqueue``
+    when unset, as the XDG spec says), ``~/Library/Application Support/jobqueue``
+    on macOS, ``%LOCALAPPDATA%\\jobqueue`` on Windows."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "jobqueue"
+    if os.name == "nt":
+        local = os.environ.get("LOCALAPPDATA")
+        return (Path(local) if local else Path.home() / "AppData" / "Local") / "jobqueue"
+    xdg = os.environ.get("XDG_DATA_HOME")
+    # The spec: a relative path is invalid and is ignored.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "jobqueue"
 
 
 @functools.cache

