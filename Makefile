@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test bench bench-quick lab lint db-up db-down clean
+.PHONY: setup test docs bench bench-quick lab lint db-up db-down clean
 
 ## setup: build .venv with jobqueue and every extra (embedded server, lab, API, peer queues; idempotent)
 setup: $(STAMP)
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "jobqueue needs Python 3.11 or newer (found: $$($(PYTHON) --version))"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,embedded,lab,api,peers]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,embedded,lab,api,peers,docs]'
 	touch $(STAMP)
 
 ## test: every test and notebook against the embedded PostgreSQL 16 (or DATABASE_URL);
@@ -37,8 +37,14 @@ test: setup
 	if ls notebooks/benchmarks/*.ipynb >/dev/null 2>&1; then \
 		JOBQUEUE_LAB_SIZE=smoke $(BIN)/python -m pytest --nbval-lax \
 			-n $(TEST_PROCESSES) --dist loadfile notebooks/benchmarks || status=$$?; fi; \
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet || status=$$?; \
 	[ -n "$$DATABASE_URL" ] || [ $$up = 1 ] || $(BIN)/jobqueue db down; \
 	exit $$status
+
+## docs: the documentation site from docs/ (MkDocs, Material, mkdocstrings) into site/;
+## `make test` builds it in strict mode, so a broken link or a stale reference fails
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 ## bench: every benchmark notebook at full size and the per-job cost table (ceiling), then
 ## BENCHMARKS.md and its plots, as one stamped run; the terminal shows where it is and the

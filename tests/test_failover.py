@@ -128,7 +128,7 @@ async def test_a_worker_survives_the_primary_failing(pair: EmbeddedPair, failure
             # The API's pooled connection died with the old primary: a 503 (never
             # a 500) until its pool has a connection to the new one. (A frozen
             # server's connections never die: the API has no timeout of its own,
-            # README, Known limitations.)
+            # docs/limitations.md.)
             answers = [(await api.get("/queues")).status_code]
             while answers[-1] != 200 and len(answers) < 5:
                 answers.append((await api.get("/queues")).status_code)
