@@ -111,7 +111,7 @@ from jobqueue.enqueue import (
     try_enqueue,
 )
 from jobqueue.errors import MIGRATE_HINT, is_connection_error, is_missing_schema
-from jobqueue.ops import actions, metrics, routing
+from jobqueue.ops import actions, held, metrics, routing
 from jobqueue.ops.dashboard import create_dashboard
 from jobqueue.ops.origin import cross_origin
 from jobqueue.ops.token import FROM_ENV, TOKEN_ENV, resolve
@@ -267,8 +267,10 @@ class JobSummary(BaseModel):
     next_retry_at: datetime | None
     error_message: str | None
     created_at: datetime
-    started_at: datetime | None
+    started_at: datetime | None = Field(description="when its worker took it (a job in a "
+                                                    "quick batch: when the batch began)")
     completed_at: datetime | None
+    worker_id: int | None = Field(description="the worker that has it now, or had it last")
 
 
 class Job(JobSummary):
@@ -280,7 +282,6 @@ class Job(JobSummary):
         description="every failed attempt: attempt number, error, time, and the "
                     "traceback when the handler raised")
     result: Any = None
-    worker_id: int | None = Field(description="the worker that claimed it last")
 
 
 class CancellingJob(Job):
@@ -498,9 +499,10 @@ async def _fetch_job(conn: Executor, job_id: uuid.UUID, status_code: int = 200,
     spliced in as PostgreSQL wrote them: a payload nested too deeply for
     Python's (or pydantic's) recursion, which PostgreSQL stores fine, still
     reads back."""
-    row = (await conn.execute(queries["api_get_job"].text, {"id": job_id})).mappings().first()
-    if row is None:
+    found = (await conn.execute(queries["api_get_job"].text, {"id": job_id})).mappings().first()
+    if found is None:
         return None
+    row = (await held.read(conn, [job_id])).shown(dict(found))
     scalars = {k: _jsonable(v) for k, v in row.items() if k not in _JSON_COLUMNS}
     head = json.dumps({**scalars, **extra}, ensure_ascii=False, separators=(",", ":"))
     raw = ",".join(f'"{k}":{"null" if row[k] is None else row[k]}' for k in _JSON_COLUMNS)
@@ -688,10 +690,18 @@ async def _page(conn: Executor, status: JobStatus | None, job_type: str | None,
         "status": None if status is None else status.value, "job_type": job_type,
         "queue": queue,
         "before_created_at": cursor[0], "before_id": cursor[1], "limit": limit + 1})
-    rows = list(result.mappings())
+    rows = [dict(r) for r in result.mappings()]
+    holding = await held.read(conn)
+    if status is not None and status.value == held.RUNNING:  # the table says waiting
+        rows = held.merged(rows, holding.running(queue=queue, job_type=job_type),
+                           key="created_at", before=cursor if before else None,
+                           limit=limit + 1)
     more = len(rows) > limit  # one row past the page says whether another follows
     last = rows[limit - 1] if more else None
-    return {"jobs": [{k: _jsonable(v) for k, v in row.items()} for row in rows[:limit]],
+    page = [holding.shown(row) for row in rows[:limit]]
+    if status is not None:  # a held job a waiting status found is running
+        page = [row for row in page if row["status"] == status.value]
+    return {"jobs": [{k: _jsonable(row[k]) for k in JobSummary.model_fields} for row in page],
             "next": None if last is None else _encode_cursor(last["created_at"], last["id"])}
 
 

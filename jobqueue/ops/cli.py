@@ -633,7 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"connection of its own (default {DEFAULT_THREADS})")
     s.add_argument("--quick-batch", type=float, default=0.05, metavar="SECONDS",
                    help="jobs faster than this run in one-transaction batches of about this "
-                        "length (never shown processing); slower ones are claimed one at a "
+                        "length (unmarked: status and the dashboard show them running from the "
+                        "batch ledger); slower ones are claimed one at a "
                         "time; 0: every batch claims first")
     s.add_argument("--savepoints", choices=SAVEPOINT_MODES, default="auto",
                    help="auto: a job type runs without a savepoint until one of its jobs fails "

@@ -16,14 +16,15 @@ done here, in Python, because there are only ever a handful of workers.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeAlias
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from jobqueue.ops import held
 from jobqueue.queues import Rate
 from jobqueue.schema.models import STATUS_VALUES
 from jobqueue.schema.queries import queries
@@ -35,7 +36,8 @@ from jobqueue.schema.queries import queries
 HEARTBEAT_FRESH = 10.0
 #: Worker states that take jobs; a standby takes none until it takes over.
 WORKING_STATES = ("active", "shared")
-WAITING = ("pending", "retrying")
+WAITING = held.WAITING
+RUNNING = held.RUNNING
 
 Conn: TypeAlias = asyncpg.Connection | AsyncConnection | AsyncSession
 
@@ -139,13 +141,6 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None else round(max(float(value), 0.0), 3)
 
 
-async def _rows(conn: Conn, name: str) -> list[dict[str, Any]]:
-    query = queries[name]
-    if isinstance(conn, asyncpg.Connection):
-        return [dict(r) for r in await query.fetch(conn)]
-    return [dict(r) for r in (await conn.execute(query.text)).mappings()]
-
-
 def _group(row: Mapping[str, Any]) -> Group:
     """A `metrics_jobs` row; its due figures count for waiting jobs only."""
     if row["status"] not in WAITING or not row["due"]:
@@ -157,17 +152,37 @@ def _group(row: Mapping[str, Any]) -> Group:
 async def read_settings(conn: Conn) -> dict[str, Settings]:
     """Every configured queue's settings (a tiny table, read whole)."""
     out = {}
-    for r in await _rows(conn, "queue_settings"):
+    for r in await queries["queue_settings"].rows(conn):
         rate = None if r["rate_limit"] is None else Rate(r["rate_limit"],
                                                          float(r["rate_period"]))
         out[r["name"]] = Settings(r["paused"], r["concurrency"], rate)
     return out
 
 
+def regroup(groups: list[Group], moved: Counter[tuple[str, str, str]]) -> list[Group]:
+    """The table's groups with the jobs live quick batches hold (`moved`, by
+    the status the table gives them) counted running, as they are."""
+    if not moved:
+        return groups
+    by_key = {(g.status, g.queue, g.job_type): g for g in groups}
+    for (status, queue, job_type), n in moved.items():
+        waiting = by_key.get((status, queue, job_type))
+        if waiting is None:  # the table moved on between the two reads
+            continue
+        n = min(n, waiting.n)
+        by_key[(status, queue, job_type)] = replace(waiting, n=waiting.n - n,
+                                                    due=max(waiting.due - n, 0))
+        running = by_key.get((RUNNING, queue, job_type), Group(RUNNING, queue, job_type, 0))
+        by_key[(RUNNING, queue, job_type)] = replace(running, n=running.n + n)
+    return list(by_key.values())
+
+
 async def read(conn: Conn) -> Routing:
-    """Read what the surfaces show: three statements, one pass over `jobs`."""
-    groups = [_group(r) for r in await _rows(conn, "metrics_jobs")]
-    return Routing(groups, await read_settings(conn), await _rows(conn, "workers"))
+    """Read what the surfaces show: four statements, one pass over `jobs`,
+    and the jobs quick batches hold counted running (`held`)."""
+    groups = [_group(r) for r in await queries["metrics_jobs"].rows(conn)]
+    groups = regroup(groups, (await held.read(conn)).moved())
+    return Routing(groups, await read_settings(conn), await queries["workers"].rows(conn))
 
 
 __all__ = ["HEARTBEAT_FRESH", "Group", "Routing", "Settings", "live_workers",

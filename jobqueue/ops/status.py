@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db
-from jobqueue.ops import horizon, routing
+from jobqueue.ops import held, horizon, routing
 from jobqueue.schema.queries import queries
 
 
@@ -86,7 +86,9 @@ async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict
 async def job_detail(conn: asyncpg.Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
     """Everything about one job, JSON-ready; None if there is no such job."""
     row = await queries["get_job"].fetchrow(conn, id=job_id)
-    return None if row is None else job_dict(row)
+    if row is None:
+        return None
+    return job_dict((await held.read(conn, [job_id])).shown(dict(row)))
 
 
 def attempts(status: str, error_history: list[Any]) -> int:

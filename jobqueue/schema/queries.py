@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy import TextClause, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 _HEADER = re.compile(r"^-- (\w+) --$", re.MULTILINE)
 # `:name` but not the `::type` of a cast.
@@ -58,6 +59,15 @@ class Query:
 
     async def fetchval(self, conn: asyncpg.Connection, **values: Any) -> Any:
         return await conn.fetchval(self.positional, *self.args(values))
+
+    async def rows(self, conn: asyncpg.Connection | AsyncConnection | AsyncSession,
+                   **values: Any) -> list[dict[str, Any]]:
+        """The rows as dicts, on either kind of connection: the read-only
+        surfaces (`jobqueue status` on asyncpg, the API and the dashboard on
+        SQLAlchemy) share their readers."""
+        if isinstance(conn, asyncpg.Connection):
+            return [dict(r) for r in await self.fetch(conn, **values)]
+        return [dict(r) for r in (await conn.execute(self.text, values)).mappings()]
 
     async def execute(self, conn: asyncpg.Connection, **values: Any) -> str:
         """Run it for its effect; returns the command tag (`DELETE 42`)."""

@@ -799,6 +799,27 @@ SELECT id, job_type, queue, priority, unique_key, timeout, payload, status, retr
 FROM jobs
 WHERE id = :id;
 
+-- held --
+-- The jobs that live quick batches hold. A quick batch locks its jobs and
+-- runs them in one transaction without marking them (`take`), so the table
+-- shows them waiting until it commits. Its ledger row (`record_batch`, one
+-- write per batch, none per job) names them, and its transaction, still in
+-- progress, says they are held now: `jobqueue status`, the dashboard,
+-- /metrics and the API show these jobs running, with their worker and the
+-- batch's start. A batch that ended shows nothing (committed: its jobs say
+-- so themselves; rolled back: they are free again). :ids NULL: every held
+-- job; else only those. Bounded by the lanes' batches, whatever the table.
+SELECT j.id, j.job_type, j.queue, j.priority, j.timeout, j.status, j.retry_count,
+       j.max_retries, j.run_at, j.next_retry_at, j.error_message, j.created_at,
+       b.started_at, j.completed_at, jsonb_array_length(j.error_history) AS attempts,
+       b.worker_id, b.started_at AS at
+FROM jobqueue_batches AS b
+CROSS JOIN LATERAL unnest(b.job_ids) AS h(id)
+JOIN jobs AS j ON j.id = h.id
+WHERE pg_xact_status(CAST(CAST(b.xid AS text) AS xid8)) = 'in progress'
+  AND j.status IN ('pending', 'retrying')
+  AND (CAST(:ids AS uuid[]) IS NULL OR h.id = ANY(CAST(:ids AS uuid[])));
+
 -- ---- HTTP API and observability ----
 
 -- api_list_jobs --
@@ -809,7 +830,8 @@ WHERE id = :id;
 SELECT id, job_type, queue, priority, timeout, status, retry_count, max_retries, run_at,
        next_retry_at, error_message, created_at, started_at, completed_at,
        jsonb_array_length(error_history)
-           + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts
+           + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts,
+       worker_id
 FROM jobs
 WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
   AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
@@ -1195,9 +1217,10 @@ LIMIT :limit;
 -- dashboard_running --
 -- A page of the jobs workers hold now, last started first (through
 -- idx_jobs_processing: as many as the workers' lanes hold, never many).
+-- The jobs quick batches hold are not marked: the page adds them (`held`).
 SELECT id, job_type, queue, priority, status, retry_count, max_retries, error_message,
        run_at, created_at, started_at, completed_at,
-       jsonb_array_length(error_history) + 1 AS attempts, started_at AS at
+       jsonb_array_length(error_history) + 1 AS attempts, started_at AS at, worker_id
 FROM jobs
 WHERE status = 'processing'
   AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))

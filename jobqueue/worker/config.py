@@ -39,8 +39,9 @@ class WorkerConfig:
         whatever is due, up to this size, so a lone job never waits to fill one.
     quick_batch: seconds. Jobs that run faster than this (at the lane's recent
         pace) go in quick batches, sized to last about this long: taken, run
-        and recorded in one transaction, half the row writes, but the jobs
-        never show `processing`. Slower jobs are claimed one at a time and
+        and recorded in one transaction, half the row writes; the jobs are
+        not marked (the table says `pending`), and the surfaces show them
+        running from the batch ledger (`ops/held.py`). Slower jobs are claimed one at a time and
         show `processing` with the worker's id while they run. 0: no quick
         batches; every batch (up to batch_size jobs) commits its claim first.
     savepoints: "auto": a job runs without a savepoint of its own until a job

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from jobqueue.ops import held
 from jobqueue.schema.models import PRIORITY_MAX
 from jobqueue.schema.queries import queries
 
@@ -108,8 +109,15 @@ async def list_jobs(conn: Executor, tab: str, *, queue: str | None = None,
         params["queue"] = queue
     result = await conn.execute(queries[TABS[tab][0]].text, params)
     rows = [dict(r) for r in result.mappings()]
+    holding = await held.read(conn)
+    if tab == "running":  # with the jobs quick batches hold, which the table calls waiting
+        rows = held.merged(rows, holding.running(queue=queue, job_type=job_type), key="at",
+                           before=(params["before_at"], params["before_id"]), limit=limit + 1)
     more = len(rows) > limit  # one row past the page says whether another follows
-    return Page(rows[:limit], _cursor(tab, rows[limit - 1]) if more else None)
+    page, last = rows[:limit], rows[limit - 1] if more else None
+    if tab == "waiting":
+        page = holding.without(page)
+    return Page(page, None if last is None else _cursor(tab, last))
 
 
 async def job(conn: Executor, job_id: uuid.UUID) -> dict[str, Any] | None:
@@ -117,7 +125,7 @@ async def job(conn: Executor, job_id: uuid.UUID) -> dict[str, Any] | None:
     row = (await conn.execute(queries["api_get_job"].text, {"id": job_id})).mappings().first()
     if row is None:
         return None
-    out = dict(row)
+    out = (await held.read(conn, [job_id])).shown(dict(row))
     try:
         out["error_history"] = json.loads(row["error_history"] or "[]")
     except RecursionError:  # written by the queue: never nested; but be safe
