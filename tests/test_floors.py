@@ -24,6 +24,7 @@ from jobqueue import HandlerRegistry, JobRunner, db, enqueue, enqueue_many
 from jobqueue.schema.queries import queries
 from jobqueue.testing import drain, wait_for
 from jobqueue.worker import book
+from jobqueue.worker.completer import tid_array
 from jobqueue.worker.floors import DUE_PREFIX, Floors, _from_epoch
 from tests.test_worker import running
 
@@ -175,7 +176,8 @@ async def test_under_a_held_horizon_a_taken_batch_is_recorded_by_row_address(
                     await queries["complete"].fetch(conn, **values, taken=True)
                     continue
                 by_tid = await _plan_of(conn, "complete_taken",
-                                        {**values, "tids": [row["tid"] for row in rows]})
+                                        {**values,
+                                         "tids": tid_array(row["tid"] for row in rows)})
                 # (Planned only: EXPLAIN ANALYZE above did record the batch.)
                 by_id = await _plan_of(conn, "complete", {**values, "taken": True})
                 raise _RolledBack

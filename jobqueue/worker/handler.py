@@ -64,6 +64,9 @@ ISOLATED, PLAIN = "isolated", "plain"
 IN_HANDLER = "jobqueue_in_handler"
 
 
+UNIX_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 class ClaimedJob(NamedTuple):
     """A job as a lane runs it (a tuple: built straight from the claimed row)."""
 
@@ -74,7 +77,10 @@ class ClaimedJob(NamedTuple):
     max_retries: int
     timeout: float | None  # the job's own (seconds); None: its type's, if any
     priority: int
-    run_at: dt.datetime  # when it was due
+    #: When it was due, in microseconds since 1970 (exact): decoding a
+    #: timestamp for every job of a 1,000-job batch cost the worker about
+    #: 1.5 µs a job, and the time itself is needed only when jobs go back.
+    due_us: int
     #: Where the lane's next claim at this priority may start (`floors.py`):
     #: a (run_at, id) pair, id None for the time alone; None from a
     #: statement that does not say.
@@ -84,6 +90,11 @@ class ClaimedJob(NamedTuple):
     #: locked by its batch's own transaction stays there until recorded
     #: (`complete_taken`); None from the statements that commit at once.
     tid: tuple[int, int] | None
+
+    @property
+    def run_at(self) -> dt.datetime:
+        """When it was due."""
+        return UNIX_EPOCH + dt.timedelta(microseconds=self.due_us)
 
     @property
     def attempt(self) -> int:
