@@ -21,8 +21,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from jobqueue import HandlerRegistry, JobRunner, current_job, enqueue
+from jobqueue.testing import drain as drain_all
 from jobqueue.worker.pacing import SAVEPOINT_LIMIT
 
 
@@ -427,3 +429,43 @@ async def test_a_handler_that_updates_its_own_job_still_completes_it_once(
     for i, job_id in enumerate(ids):
         assert rows[job_id]["status"] == "completed"
         assert ("seen" in rows[job_id]["payload"]) == (i % 3 == 1)
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class _Effect(_Base):
+    """The `effects` table as an ORM model (no primary key of its own: the
+    mapper is told to treat job_id as one)."""
+
+    __tablename__ = "effects"
+    job_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    n: Mapped[int]
+
+
+async def test_orm_objects_a_handler_adds_and_does_not_flush_commit_with_its_job(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    """`session.add` without a flush: the worker flushes before recording the
+    job, for every job of a batch, the first and the others (each job's
+    `added` flag is its own), and an added-then-expunged object writes
+    nothing."""
+    registry = HandlerRegistry()
+
+    @registry.register("add")
+    async def add(session: AsyncSession, payload: dict[str, Any]) -> None:
+        obj = _Effect(job_id=current_job().id, n=payload["n"])
+        session.add(obj)
+        if payload.get("forget"):
+            session.expunge(obj)
+
+    async with engine.begin() as s:
+        for n in range(5):
+            await enqueue(s, "add", {"n": n})
+        await enqueue(s, "add", {"n": 99, "forget": True})
+    report = await drain_all(db_url, registry=registry)
+    assert report["processed"] == 6
+    rows = await conn.fetch("SELECT j.id, e.n FROM jobs AS j JOIN effects AS e ON e.job_id = j.id")
+    assert sorted(r["n"] for r in rows) == [0, 1, 2, 3, 4]
+    assert await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'completed'") == 6

@@ -164,7 +164,7 @@ def _jobs(rows: list[Any]) -> list[ClaimedJob]:
     """A taken batch's jobs from `take`/`retake` rows (their last column, the
     transaction's id, is the batch's)."""
     width = len(ClaimedJob._fields)
-    return [ClaimedJob._make(row[:width]) for row in rows]
+    return [ClaimedJob(*row[:width]) for row in rows]
 
 
 async def lock(raw: Any, query: str, **values: Any) -> tuple[Any, list[Any]] | None:

@@ -98,9 +98,11 @@ class AsyncExecutor:
         from the engine's hooks), and what stops a running handler."""
         self.raw = raw
         session = AsyncSession(bind=conn, expire_on_commit=False)
+        state = state_of(conn.info)
         event.listen(session.sync_session, "before_commit", refuse_handler_commit)
-        stopper = self.stopper = Stopper(state_of(conn.info), session.info,
-                                         self.life.cancel_statement)
+        event.listen(session.sync_session, "transient_to_pending",
+                     lambda _session, _instance: setattr(state, "added", True))
+        stopper = self.stopper = Stopper(state, session.info, self.life.cancel_statement)
         stopper.task = asyncio.current_task()
         stopper.pid = raw.get_server_pid()
         self._conn, self._session = conn, session
@@ -340,7 +342,7 @@ class AsyncExecutor:
         session = self._session
         if session.in_nested_transaction():
             raise HandlerError(NESTED_LEFT_OPEN)
-        if _pending(session.sync_session):
+        if _pending(session.sync_session, state.added):
             await session.flush()  # objects added but not flushed are the job's writes too
         encoded = result_of(result, state.refused, state.db_error)
         if state.undo:  # its session rolled back writes we cannot undo alone
@@ -349,8 +351,10 @@ class AsyncExecutor:
         return encoded
 
 
-def _pending(session: Any) -> bool:
-    """Has the handler left ORM changes unflushed? (Changed and deleted objects
-    are in the identity map, which is empty for handlers that use no ORM
-    objects: checked first, it keeps this cheap.)"""
-    return bool(session.new or (session.identity_map and (session.dirty or session.deleted)))
+def _pending(session: Any, added: bool) -> bool:
+    """Has the handler left ORM changes unflushed? New objects only if it
+    `added` some; changed and deleted ones are in the identity map, which is
+    empty for handlers that use no ORM objects: checked first, it keeps this
+    cheap."""
+    return bool((added and session.new)
+                or (session.identity_map and (session.dirty or session.deleted)))

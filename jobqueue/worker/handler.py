@@ -271,6 +271,10 @@ class LaneState:
     #: A statement failed since the job started (a handler that catches the
     #: error and returns is failed: `SwallowedDatabaseError`).
     db_error: bool = False
+    #: The handler added objects to its session (they may wait unflushed).
+    #: Set by the session's `transient_to_pending` event, so a handler that
+    #: uses no ORM objects costs no look at `session.new`, which builds a set.
+    added: bool = False
 
     def start_transaction(self, begun: bool = True) -> None:
         """A new batch transaction: no savepoint open yet; not `begun`: the
@@ -283,7 +287,7 @@ class LaneState:
         """A handler is about to run, isolated (its first statement opens its
         savepoint) or plain."""
         self.job = ISOLATED if isolated else PLAIN
-        self.job_savepoint = self.touched = self.undo = self.db_error = False
+        self.job_savepoint = self.touched = self.undo = self.db_error = self.added = False
         self.refused = None
 
     def end_job(self) -> None:
