@@ -182,6 +182,10 @@ async def test_a_job_that_arrives_alone_is_claimed_and_begins_no_transaction_it_
             job_id = await enqueue(s, job_type, {})
         await wait_for(lambda: conn.fetchval(
             "SELECT status = 'completed' FROM jobs WHERE id = $1", job_id), message="the job")
+        # The lane looks for more work after the job's outcome, then waits
+        # again: read the trace only then (read as soon as the job showed
+        # completed, a loaded machine's lane had not sent that look yet).
+        await wait_for(lambda: runner.bell.waiting == 1, message="the lane idle again")
         # From the enqueue's COMMIT (the lane can see the job only from then
         # on) to the job's outcome; the lane's look for more work follows.
         sent = trace[start:]
