@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from jobqueue import HandlerRegistry, db, embedded
 from jobqueue.api import TOKEN_ENV, create_app
 from jobqueue.schema import migrations
-from jobqueue.testing import WorkerProcess
+from jobqueue.testing import WorkerProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 # One template per test run, so that two runs on one server never drop each other's.
@@ -201,8 +201,22 @@ def spawn_worker(db_url: str, tmp_path: Path) -> Iterator[object]:
         w.close()
 
 
+async def wait_answering(client: httpx.AsyncClient, path: str,
+                         alive: Callable[[], object] = lambda: None) -> None:
+    """Wait until a server just started answers `path` (any status);
+    `alive` raises if the server's process died meanwhile."""
+    async def answers() -> bool:
+        alive()
+        try:
+            await client.get(path)
+        except httpx.TransportError:
+            return False
+        return True
+    await wait_for(answers, timeout=30, message=f"a server answering {path}")
+
+
 def client_for(app: FastAPI) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
 
 
 @pytest.fixture
@@ -229,7 +243,7 @@ async def client(db_url: str, monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     app = create_app(db_url)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://test") as c:
+                                 base_url="http://localhost") as c:
         yield c
     await app.state.jobqueue_engine.dispose()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from jobqueue.api import TOKEN_ENV, create_app, create_router
 from jobqueue.ops.cli import build_parser
 from jobqueue.schema.queries import queries
 from jobqueue.testing import drain, wait_for
-from tests.conftest import ROOT, client_for
+from tests.conftest import ROOT, client_for, wait_answering
 
 TOKEN = "s3cret-token"
 
@@ -74,7 +75,7 @@ async def test_enqueue_then_read_the_job(client: httpx.AsyncClient, conn: asyncp
         "max_retries": 5, "run_at": "2031-05-01T10:00:00+02:00"})
     assert response.status_code == 201, response.text
     job_id = uuid.UUID(response.json()["id"])
-    assert response.headers["location"] == f"http://test/jobs/{job_id}"
+    assert response.headers["location"] == f"http://localhost/jobs/{job_id}"
 
     row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
     assert row["job_type"] == "send_email" and row["max_retries"] == 5
@@ -424,7 +425,7 @@ async def test_enqueue_into_a_queue_with_priority_and_a_unique_key(
     again = await client.post("/jobs", json={**body, "payload": {"other": True}})
     assert again.status_code == 200, again.text
     assert again.json() == {"id": job_id, "existed": True}
-    assert again.headers["location"] == f"http://test/jobs/{job_id}"
+    assert again.headers["location"] == f"http://localhost/jobs/{job_id}"
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 1
 
     job = (await client.get(f"/jobs/{job_id}")).json()
@@ -637,7 +638,7 @@ async def test_router_in_an_app_of_your_own(engine: AsyncEngine, conn: asyncpg.C
         response = await client.post("/queue/jobs", json={"job_type": "t", "payload": {"a": 1}})
         assert response.status_code == 201, response.text
         job_id = response.json()["id"]
-        assert response.headers["location"] == f"http://test/queue/jobs/{job_id}"
+        assert response.headers["location"] == f"http://localhost/queue/jobs/{job_id}"
         assert (await client.get(f"/queue/jobs/{job_id}")).json()["payload"] == {"a": 1}
         too_big = await client.post("/queue/jobs", json={"job_type": "t", "payload": {
             "s": "x" * 600}})
@@ -728,10 +729,10 @@ def test_serve_refuses_a_reachable_address_without_a_token(host: str, db_url: st
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.2"])
 def test_a_loopback_address_needs_no_token(host: str) -> None:
-    from jobqueue.ops.cli import _loopback
+    from jobqueue.ops.origin import is_loopback
 
-    assert _loopback(host)
-    assert not _loopback("10.0.0.1") and not _loopback("db.internal")
+    assert is_loopback(host)
+    assert not is_loopback("10.0.0.1") and not is_loopback("db.internal")
 
 
 def _free_port() -> int:
@@ -808,3 +809,82 @@ async def test_a_database_without_the_schema_is_a_503_that_says_to_migrate(
     finally:
         await app.state.jobqueue_engine.dispose()
         await db.drop_database(server_url, "jobqueue_api_unmigrated")
+
+
+@contextlib.asynccontextmanager
+async def _served(db_url: str, log_path: Path, *args: str, token: str | None = None
+                  ) -> AsyncIterator[str]:
+    """`jobqueue serve ARGS` on a free loopback port, answering; its base URL."""
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": db_url}
+    env.pop(TOKEN_ENV, None)
+    if token is not None:
+        env[TOKEN_ENV] = token
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "jobqueue", "serve", "--port", str(port),
+                             *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def alive() -> None:
+            assert proc.poll() is None, log_path.read_text()
+        async with httpx.AsyncClient(base_url=base) as client:
+            await wait_answering(client, "/queues", alive)
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+async def test_a_rebound_host_name_is_refused_without_a_token(
+    db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """DNS rebinding: a page on rebind.attacker.example, whose name now
+    resolves to 127.0.0.1, is same-origin to the browser (Origin and Host
+    agree). Only the Host header gives it away: without a token the server
+    answers to loopback names only. Nothing is paused, nothing is read."""
+    job_id = await conn.fetchval("INSERT INTO jobs (job_type, payload) "
+                                 "VALUES ('t', '{\"secret\": 1}') RETURNING id")
+    async with _served(db_url, tmp_path / "serve.log") as base:
+        port = base.rsplit(":", 1)[1]
+        evil = {"host": f"rebind.attacker.example:{port}",
+                "origin": f"http://rebind.attacker.example:{port}",
+                "sec-fetch-site": "same-origin"}
+        async with httpx.AsyncClient(base_url=base) as client:
+            for method, path in (("POST", "/queues/default/pause"), ("GET", f"/jobs/{job_id}"),
+                                 ("POST", "/jobs"), ("GET", "/"), ("GET", "/metrics")):
+                answer = await client.request(method, path, headers=evil,
+                                              json={"job_type": "x"} if path == "/jobs" else None)
+                assert answer.status_code == 400, (method, path, answer.text)
+                assert "rebind" not in answer.text and "secret" not in answer.text
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "localhost"):
+                assert (await client.get("/queues", headers={"host": host})).status_code == 200
+            # The same request from a loopback name goes through: the guard, not the route.
+            same = {**evil, "host": f"127.0.0.1:{port}", "origin": f"http://127.0.0.1:{port}"}
+            assert (await client.post("/queues/default/pause", headers=same)).status_code == 200
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 1  # POST /jobs wrote nothing
+    assert await conn.fetchval("SELECT paused FROM jobqueue_queues WHERE name = 'default'")
+
+
+async def test_with_a_token_any_host_name_or_only_the_allowed_ones(
+    db_url: str, tmp_path: Path
+) -> None:
+    token = "t" * 40
+    auth = {"authorization": f"Bearer {token}"}
+    async with _served(db_url, tmp_path / "any.log", token=token) as base, \
+            httpx.AsyncClient(base_url=base) as client:
+        # The token is what a rebinding page cannot send: any name will do.
+        answer = await client.get("/queues", headers={**auth, "host": "jobs.example.org"})
+        assert answer.status_code == 200
+    async with _served(db_url, tmp_path / "named.log", "--allowed-host", "jobs.example.org",
+                       "--allowed-host", "*.internal.example", token=token) as base, \
+            httpx.AsyncClient(base_url=base) as client:
+        for host, code in (("jobs.example.org", 200), ("JOBS.example.org:443", 200),
+                           ("a.internal.example", 200), ("evil.example", 400),
+                           ("internal.example.evil", 400), ("127.0.0.1", 400)):
+            answer = await client.get("/queues", headers={**auth, "host": host})
+            assert answer.status_code == code, (host, answer.text)

@@ -325,7 +325,7 @@ async def test_cancel_running_jobs_of_a_real_worker(
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     app = create_app(db_url, cancel_wait=20)  # a generous wait: CI machines are slow
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://test") as client:
+                                 base_url="http://localhost") as client:
         response = await client.delete(f"/jobs/{ids[1]}")
     await app.state.jobqueue_engine.dispose()
     assert response.status_code == 200, response.text

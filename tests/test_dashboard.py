@@ -200,7 +200,7 @@ async def test_an_action_without_the_forms_token_or_from_another_site_is_refused
         "no token": {"data": {}},
         "wrong token": {"data": {"csrf": "x" * 43}},
         "other origin": {"data": {"csrf": token}, "headers": {"origin": "http://evil.example"}},
-        "other port": {"data": {"csrf": token}, "headers": {"origin": "http://test:9999"}},
+        "other port": {"data": {"csrf": token}, "headers": {"origin": "http://localhost:9999"}},
         "cross-site fetch": {"data": {"csrf": token}, "headers": {"sec-fetch-site": "cross-site"}},
         "same-site fetch": {"data": {"csrf": token}, "headers": {"sec-fetch-site": "same-site"}},
         "null origin": {"data": {"csrf": token}, "headers": {"origin": "null"}},
@@ -216,7 +216,7 @@ async def test_an_action_without_the_forms_token_or_from_another_site_is_refused
     assert await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job_id) == "failed"
     # the same browser, same origin, with its token: it works (so the refusals meant it)
     ok = await web.post(f"/dashboard/jobs/{job_id}/retry", data={"csrf": token},
-                        headers={"origin": "http://test", "sec-fetch-site": "same-origin"})
+                        headers={"origin": "http://localhost", "sec-fetch-site": "same-origin"})
     assert ok.status_code == 303
 
 

@@ -78,7 +78,7 @@ async def test_a_worker_survives_the_primary_failing(pair: EmbeddedPair, failure
     worker = WorkerProcess(url, tmp_path / "worker.log", "--import", "tests.handlers",
                            "--lease", LEASE, cwd=ROOT)
     app = create_app(url, token=None)
-    api = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    api = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
     try:
         assert (await api.get("/queues")).status_code == 200  # its pool holds a connection
         await wait_for(lambda: _active(watch, worker), timeout=60,

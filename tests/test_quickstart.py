@@ -31,6 +31,7 @@ import pytest
 
 from jobqueue import db
 from jobqueue.testing import wait_for
+from tests.conftest import wait_answering
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -166,13 +167,7 @@ async def run_fastapi(folder: UserFolder, blocks: dict[str, str]) -> None:
         else:
             requests.append((command, comment))
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-        async def listening() -> bool:
-            try:
-                await http.get("/queue/queues")
-            except httpx.TransportError:
-                return False
-            return True
-        await wait_for(listening, timeout=30, message="uvicorn listening")
+        await wait_answering(http, "/queue/queues")
         answers = [await send(http, command, comment) for command, comment in requests]
         assert answers[0] == {"order_id": 2}
         listed = answers[1]["jobs"]

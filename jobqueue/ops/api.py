@@ -82,7 +82,7 @@ import hmac
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -113,7 +113,7 @@ from jobqueue.enqueue import (
 from jobqueue.errors import MIGRATE_HINT, is_connection_error, is_missing_schema
 from jobqueue.ops import actions, held, metrics, routing
 from jobqueue.ops.dashboard import create_dashboard
-from jobqueue.ops.origin import cross_origin
+from jobqueue.ops.origin import ANY_HOST, HostGuard, cross_origin
 from jobqueue.ops.token import FROM_ENV, TOKEN_ENV, resolve
 from jobqueue.registry import HandlerRegistry
 from jobqueue.schema.models import (
@@ -758,12 +758,16 @@ def create_app(
     token: str | None = _FROM_ENV,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     cancel_wait: float = DEFAULT_CANCEL_WAIT,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """The API as an application (what `jobqueue serve` runs).
 
     database_url: DATABASE_URL when None (`jobqueue serve` starts the embedded
         PostgreSQL first when that is unset; the app itself never does).
     token: by default `JOBQUEUE_API_TOKEN` as set now; None: no token.
+    allowed_hosts: the Host names it answers to (`origin.HostGuard`: names,
+        `*.domain`, `*`). None: loopback names without a token, any with one.
+        A page on a name rebound to 127.0.0.1 is refused (DNS rebinding).
     """
     engine = db.create_engine(database_url)
     if token is _FROM_ENV:
@@ -781,6 +785,9 @@ def create_app(
     app.include_router(create_router(engine, registry=registry, token=token,
                                      max_body_bytes=max_body_bytes, cancel_wait=cancel_wait))
     app.include_router(_docs_router(app, token, max_body_bytes))
+    if allowed_hosts is None and token is not None:
+        allowed_hosts = [ANY_HOST]
+    app.add_middleware(HostGuard, allowed=allowed_hosts)
     return app
 
 

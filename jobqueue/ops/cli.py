@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import functools
 import importlib
-import ipaddress
 import json
 import logging
 import os
@@ -311,21 +310,12 @@ def _work(args: argparse.Namespace, stopped: list[int]) -> int:
     return 0
 
 
-def _loopback(host: str) -> bool:
-    """Whether only this machine can reach `host` (an address or `localhost`)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to anything
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
         from jobqueue.ops.api import create_app
+        from jobqueue.ops.origin import is_loopback
     except ImportError as e:
         raise CliError(f"the HTTP API needs the `api` extra (pip install 'jobqueue[api]'): "
                        f"{e}") from None
@@ -333,11 +323,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be between 0 and 65535, not {args.port}")
     if args.max_body_bytes < 1:
         raise CliError("--max-body-bytes must be at least 1")
-    if not _loopback(args.host) and not os.environ.get(TOKEN_ENV):
+    if not is_loopback(args.host) and not os.environ.get(TOKEN_ENV):
         raise CliError(f"refusing to serve on {args.host} without {TOKEN_ENV}: anyone who "
                        "can reach it could enqueue, retry and cancel jobs and pause queues; "
                        "set the token, or serve on 127.0.0.1 behind a proxy of your own")
-    app = create_app(use_database(), max_body_bytes=args.max_body_bytes)
+    app = create_app(use_database(), max_body_bytes=args.max_body_bytes,
+                     allowed_hosts=args.allowed_hosts)
     # uvicorn finishes open requests on SIGTERM, then raises the signal again
     # for whatever handler was there before: this one makes it a clean exit 0.
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
@@ -698,6 +689,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--max-body-bytes", type=int, default=1024 * 1024,
                    help="largest request body accepted (default 1 MiB)")
+    s.add_argument("--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
+                   help="a Host name to answer to (repeatable; *.example.org for its "
+                        "subdomains); default: loopback names only without "
+                        f"{TOKEN_ENV}, any with it")
     s.set_defaults(func=cmd_serve)
     return p
 

@@ -1,5 +1,14 @@
 """Refusing requests that another web site makes a browser send.
 
+Two tricks, two guards. *Cross-origin requests* (below). And *DNS
+rebinding*: a site whose name the attacker makes resolve to 127.0.0.1 is,
+to the browser, the same origin as itself, so `Origin` and `Host` agree and
+the origin check passes; only the `Host` header still says which name the
+browser meant. `HostGuard` answers only to expected names: loopback ones
+(`localhost`, `127.0.0.1`, `[::1]`) when the app has no token, any when it
+has one (the token is what a rebinding page cannot send), or the names it
+is given.
+
 Without a token the API and the dashboard listen on loopback only, but any
 page the user opens can still make their browser POST to
 `http://127.0.0.1:8000/jobs/…/retry` (a plain form needs no permission).
@@ -13,11 +22,18 @@ are not affected.
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["SAFE_METHODS", "cross_origin"]
+__all__ = ["ANY_HOST", "SAFE_METHODS", "HostGuard", "cross_origin", "is_loopback"]
+
+#: `allowed_hosts` that lets every Host through (an app with a token).
+ANY_HOST = "*"
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -36,3 +52,63 @@ def cross_origin(request: Request) -> bool:
     if origin == "null":  # a sandboxed frame, a file: page, a redirect across origins
         return True
     return urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address, `localhost`, or a Host header's name)
+    names this machine only."""
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def host_name(header: str) -> str | None:
+    """The name in a Host header, without its port (None: unreadable)."""
+    try:
+        name = urlsplit(f"//{header}").hostname
+    except ValueError:  # a bad port, an unclosed bracket
+        return None
+    return None if name is None else name.rstrip(".")
+
+
+class HostGuard:
+    """ASGI middleware: a request whose Host names another machine than the
+    ones expected gets a 400 before anything else runs (the name is not
+    echoed). `allowed`: None, loopback names only; else names (any case),
+    `*.domain` for its subdomains, or `ANY_HOST`. A request without a Host
+    header (HTTP/1.0, never a browser) passes."""
+
+    def __init__(self, app: ASGIApp, allowed: Sequence[str] | None = None) -> None:
+        self.app = app
+        self.any = allowed is not None and ANY_HOST in allowed
+        self.names = {a.lower().rstrip(".") for a in allowed or () if not a.startswith("*.")}
+        self.suffixes = tuple(a.lower()[1:] for a in allowed or () if a.startswith("*."))
+        self.loopback_only = allowed is None
+
+    def allows(self, header: str | None) -> bool:
+        if header is None or self.any:
+            return True
+        name = host_name(header)
+        if name is None:
+            return False
+        if self.loopback_only:
+            return is_loopback(name)
+        name = name.lower()
+        return name in self.names or name.endswith(self.suffixes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"),
+                          None)
+            if not self.allows(header):
+                answer = ("this server does not answer to that host name: without a token "
+                          "it answers to loopback names only (see --allowed-host)"
+                          if self.loopback_only else
+                          "this server does not answer to that host name (see --allowed-host)")
+                await JSONResponse({"detail": answer}, status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
