@@ -60,6 +60,7 @@ _OURS = ("connect_timeout",)
 _LIBPQ_HOSTS = re.compile(r"^(?P<scheme>[^:/]+://)(?P<auth>[^@/]*@)?(?P<hosts>[^/?@]*,[^/?]*)"
                           r"(?P<rest>[/?].*)?$")
 _DIALECT = PGDialect_asyncpg()
+_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 
 def database_url(url: str | None = None) -> str:
@@ -71,6 +72,21 @@ def database_url(url: str | None = None) -> str:
     return normalize_url(raw)
 
 
+def redacted(raw: str) -> str:
+    """`raw` with its password replaced by `***`, wherever it is (after the
+    user, or a `password=` parameter): for messages about a URL that may not
+    even parse, so SQLAlchemy's own masking cannot be used."""
+    scheme, sep, rest = raw.partition("://")
+    if sep:
+        end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+        netloc, tail = rest[:end], rest[end:]
+        userinfo, at, hosts = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+        raw = f"{scheme}{sep}{netloc}{tail}"
+    return _PASSWORD_PARAM.sub(r"\1***", raw)
+
+
 def normalize_url(raw: str) -> str:
     """`raw` as the SQLAlchemy URL jobqueue uses everywhere: the asyncpg
     driver, several hosts in SQLAlchemy's form with `target_session_attrs`
@@ -79,7 +95,7 @@ def normalize_url(raw: str) -> str:
     try:
         parsed = make_url(_libpq_hosts(raw))
     except (ArgumentError, ValueError) as e:
-        raise ConfigError(f"DATABASE_URL is not a database URL: {raw!r}") from e
+        raise ConfigError(f"DATABASE_URL is not a database URL: {redacted(raw)!r}") from e
     backend = parsed.get_backend_name()
     if backend not in ("postgresql", "postgres"):
         raise ConfigError(f"DATABASE_URL must point to PostgreSQL, not {backend!r}")

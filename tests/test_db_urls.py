@@ -175,3 +175,28 @@ async def test_a_write_refused_as_read_only_means_look_for_another_server(
         await conn.execute("INSERT INTO jobs (job_type) VALUES ('noop')")
     assert is_connection_error(refused.value)
     assert not is_timeout(refused.value)
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://alice:S3CRETPW@127.0.0.1:notaport/db",
+    "postgresql://alice:S3CRETPW@[::1/db",
+])
+@pytest.mark.parametrize("command", [["status"], ["worker", "--burst"], ["serve"]])
+def test_a_malformed_url_is_named_without_its_password(url: str, command: list[str]) -> None:
+    """The one-line error quotes the URL so the reader can see what is wrong
+    with it, but not its password (issue 31, item 6)."""
+    done = run_cli(*command, url=url)
+    assert done.returncode == 1 and "S3CRETPW" not in done.stdout + done.stderr
+    assert "DATABASE_URL is not a database URL: 'postgresql://alice:***@" in done.stderr
+    assert done.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://alice:p@ss:w@rd@h/db?x=1", "postgresql://alice:***@h/db?x=1"),
+    ("postgresql://h/db?user=a&password=S3CRET&sslmode=require",
+     "postgresql://h/db?user=a&password=***&sslmode=require"),
+    ("postgresql://alice@h/db", "postgresql://alice@h/db"),
+    ("not a url", "not a url"),
+])
+def test_redacted_hides_a_password_wherever_it_is(url: str, shown: str) -> None:
+    assert db.redacted(url) == shown
