@@ -4,6 +4,7 @@ pages walked to the end. What a browser does with it: tests/browser/."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
@@ -369,6 +370,54 @@ async def test_a_bad_filter_or_page_link_is_a_400_page(web: httpx.AsyncClient,
     answer = await web.get(f"/dashboard/jobs?{query}")
     assert answer.status_code == 400
     assert re.search(r'class="notice error" role="alert">[^<]+<', answer.text)
+
+
+def _cursor(values: list[Any]) -> str:
+    """A page link's `after` as the dashboard encodes it, holding `values`."""
+    raw = json.dumps(values, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+_ID = "01a24515-f1a2-71c0-8000-00005e16383a"
+_NUL, _SURROGATE = "a\u0000b", "a\ud800b"
+#: What the issue's probes sent, and the like: each was a 500 or could be.
+HOSTILE_QUERIES = [
+    "status=completed&before=0001-01-01T00:00:00%2B14:00",
+    "status=failed&before=9999-12-31T23:59:59-14:00",
+    f"status=completed&after={_cursor(['0001-01-01T00:00:00+14:00', _ID])}",
+    f"status=waiting&after={_cursor(['default', 2**31, '2026-01-01T00:00:00+00:00', _ID])}",
+    f"status=waiting&after={_cursor([_NUL, 0, '2026-01-01T00:00:00+00:00', _ID])}",
+    f"status=waiting&after={_cursor([_SURROGATE, 0, '2026-01-01T00:00:00+00:00', _ID])}",
+    f"status=waiting&after={_cursor(['default', 0, '0001-01-01T00:00:00+14:00', _ID])}",
+    "status=waiting&queue=a%00b", "status=waiting&queue=a%ED%A0%80b",
+    "status=failed&type=a%00b",
+]
+
+
+@pytest.mark.parametrize("query", HOSTILE_QUERIES)
+async def test_no_filter_or_page_link_reaches_a_500(web: httpx.AsyncClient, query: str) -> None:
+    """Out-of-range times (0001-01-01 at +14:00 is before year 1 in UTC), a
+    priority past int4, a NUL or a lone surrogate in a cursor or a filter:
+    a 400 page that says what is wrong, never a 500 (issue 31, item 2)."""
+    answer = await web.get(f"/dashboard/jobs?{query}")
+    assert answer.status_code == 400, answer.text[:300]
+    assert re.search(r'class="notice error" role="alert">[^<]+<', answer.text)
+
+
+@pytest.mark.parametrize("cookie", [b"\xb2", "\u00b2".encode(), b"9" * 5000,
+                                    b"1" * 13 + b".abc", b"-1.abc", b"1.2.3", b""])
+async def test_a_forged_session_cookie_asks_for_a_login(
+    make_client: Callable[..., httpx.AsyncClient], cookie: bytes
+) -> None:
+    """A superscript digit passed `str.isdigit()` and failed `int()`; 5,000
+    digits failed `int()` too: a 500 on every page, the login page included,
+    which a page on another port of the same host can plant."""
+    async with make_client(token=TOKEN) as web:
+        headers = [(b"cookie", b"jobqueue_session=" + cookie)]
+        page = await web.get("/", headers=headers)
+        assert page.status_code == 303 and page.headers["location"].endswith("/dashboard/login")
+        login = await web.get("/dashboard/login", headers=headers)
+        assert login.status_code == 200
 
 
 # -- where it is mounted ---------------------------------------------------------------

@@ -49,7 +49,10 @@ def _sign(token: str, issued: int) -> str:
 def session_valid(request: Request, token: str, now: float | None = None) -> bool:
     """Whether the request carries an unexpired session issued under `token`."""
     issued_text, _, signature = request.cookies.get(SESSION_COOKIE, "").partition(".")
-    if not issued_text.isdigit():
+    # ASCII digits, a timestamp's few: str.isdigit() takes "²" (which int()
+    # refuses) and int() refuses 4,300 digits or more; either was a 500, on
+    # every page and before the login.
+    if not (issued_text.isascii() and issued_text.isdigit() and len(issued_text) <= 12):
         return False
     issued = int(issued_text)
     age = (time.time() if now is None else now) - issued

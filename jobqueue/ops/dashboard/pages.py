@@ -21,8 +21,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from jobqueue.enqueue import check_queue
 from jobqueue.ops import held
-from jobqueue.schema.models import PRIORITY_MAX
+from jobqueue.schema.models import PRIORITY_MAX, PRIORITY_MIN
 from jobqueue.schema.queries import queries
 
 __all__ = ["PAGE_SIZE", "TABS", "Page", "job", "list_jobs", "pretty_json"]
@@ -65,6 +66,17 @@ def _time(text: Any) -> datetime:
     at = datetime.fromisoformat(text)
     if at.tzinfo is None:
         raise ValueError(DAMAGED)
+    return in_range(at)
+
+
+def in_range(at: datetime) -> datetime:
+    """`at`, if PostgreSQL can be sent it: a time whose UTC falls outside the
+    years 1-9999 (0001-01-01 at +14:00) fails the driver's encoding, which
+    was a 500; a ValueError instead."""
+    try:
+        at.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("that time is out of range") from None
     return at
 
 
@@ -77,8 +89,11 @@ def _params(tab: str, queue: str | None, before: datetime | None,
                     "id": _LAST_ID, "one_queue": queue is not None}
         q, priority, run_at, last = _decode(cursor, 4)
         if not isinstance(q, str) or not isinstance(priority, int) \
+                or not PRIORITY_MIN <= priority <= PRIORITY_MAX + 1 \
                 or (queue is not None and q != queue):
             raise ValueError(DAMAGED)
+        if q:
+            check_queue(q)  # a NUL or a lone surrogate PostgreSQL cannot take
         return {"queue": q, "priority": priority, "run_at": _time(run_at),
                 "id": uuid.UUID(str(last)), "one_queue": queue is not None}
     if cursor is None:

@@ -264,7 +264,7 @@ def _before(text: str | None) -> datetime | None:
         at = datetime.fromisoformat(text)
     except ValueError:
         raise ValueError(f"'before' is not a time: {text!r}") from None
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
+    return pages.in_range(at.replace(tzinfo=UTC) if at.tzinfo is None else at)
 
 
 # -- the routes ----------------------------------------------------------------------
