@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from jobqueue import codec
+from jobqueue.errors import shown
 from jobqueue.schema.models import (
     DEFAULT_QUEUE,
     JOB_TYPE_MAX_LENGTH,
@@ -60,7 +61,7 @@ def check_job_type(job_type: object) -> str:
 
 def check_max_retries(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"max_retries must be a whole number, not {value!r}")
+        raise ValueError(f"max_retries must be a whole number, not {shown(value)}")
     if not 0 <= value <= MAX_RETRIES_LIMIT:
         raise ValueError(f"max_retries must be between 0 and {MAX_RETRIES_LIMIT}, not {value}")
     return value
@@ -74,14 +75,14 @@ def check_queue(value: object) -> str:
     if not isinstance(value, str):
         raise ValueError(f"queue must be a string, not {type(value).__name__}")
     if not _QUEUE_NAME.fullmatch(value):
-        raise ValueError(f"queue {value[:80]!r} is not a valid name: 1 to 64 letters, digits "
+        raise ValueError(f"queue {shown(value)} is not a valid name: 1 to 64 letters, digits "
                          "or the characters _ . : -")
     return value
 
 
 def check_priority(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"priority must be a whole number, not {value!r}")
+        raise ValueError(f"priority must be a whole number, not {shown(value)}")
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
         raise ValueError(f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}, "
                          f"not {value}")
@@ -109,10 +110,10 @@ def check_timeout(value: object, what: str = "timeout") -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{what} must be a number of seconds, not {value!r}")
+        raise ValueError(f"{what} must be a number of seconds, not {shown(value)}")
     if not 0 < value <= TIMEOUT_MAX:  # NaN compares false, so it is refused here too
         raise ValueError(f"{what} must be more than 0 and at most {TIMEOUT_MAX:,} seconds "
-                         f"(a year), not {value!r}")
+                         f"(a year), not {shown(value)}")
     return float(value)
 
 

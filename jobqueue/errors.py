@@ -90,3 +90,11 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """`value` as an error message quotes it: its repr, cut to `limit`
+    characters. A message names what is wrong; echoing a megabyte of input
+    back (a 422 of 900 KB) helps nobody."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}…"

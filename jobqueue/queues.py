@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobqueue.enqueue import Executor, check_queue
+from jobqueue.errors import shown
 from jobqueue.schema.queries import queries
 
 #: Seconds in each period a rate may be given per.
@@ -54,10 +55,10 @@ def parse_rate(value: object) -> Rate:
     if isinstance(value, Rate):
         return check_rate(value)
     if not isinstance(value, str):
-        raise ValueError(f"rate must look like 20/s, 100/m or 1000/h, not {value!r}")
+        raise ValueError(f"rate must look like 20/s, 100/m or 1000/h, not {shown(value)}")
     match = _RATE.match(value)
     if not match:
-        raise ValueError(f"rate {value!r} must look like 20/s, 100/m or 1000/h "
+        raise ValueError(f"rate {shown(value)} must look like 20/s, 100/m or 1000/h "
                          "(a whole number of jobs per second, minute or hour)")
     return check_rate(Rate(int(match.group(1)), PERIODS[match.group(2)]))
 
@@ -66,15 +67,15 @@ def check_rate(rate: Rate) -> Rate:
     if isinstance(rate.limit, bool) or not isinstance(rate.limit, int) \
             or not 1 <= rate.limit <= LIMIT_MAX:
         raise ValueError(f"rate must allow 1 to {LIMIT_MAX:,} jobs per period, "
-                         f"not {rate.limit!r}")
+                         f"not {shown(rate.limit)}")
     if not 0 < rate.period <= 86_400:
-        raise ValueError(f"rate period must be over 0 and at most a day, not {rate.period!r}")
+        raise ValueError(f"rate period must be over 0 and at most a day, not {shown(rate.period)}")
     return rate
 
 
 def check_concurrency(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"concurrency must be a whole number, not {value!r}")
+        raise ValueError(f"concurrency must be a whole number, not {shown(value)}")
     if not 1 <= value <= LIMIT_MAX:
         raise ValueError(f"concurrency must be between 1 and {LIMIT_MAX:,}, not {value} "
                          "(to remove the limit, pass None)")

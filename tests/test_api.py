@@ -888,3 +888,20 @@ async def test_with_a_token_any_host_name_or_only_the_allowed_ones(
                            ("internal.example.evil", 400), ("127.0.0.1", 400)):
             answer = await client.get("/queues", headers={**auth, "host": host})
             assert answer.status_code == code, (host, answer.text)
+
+
+@pytest.mark.parametrize(("path", "method", "body", "field"), [
+    ("/queues/q1/limits", "PUT", {"rate": "y" * 900_000}, "rate"),
+    ("/queues/q1/limits", "PUT", {"concurrency": "y" * 900_000}, "concurrency"),
+    ("/jobs", "POST", {"job_type": "t", "priority": "9" * 900_000}, "priority"),
+    ("/jobs", "POST", {"job_type": "t", "queue": "q " * 400_000}, "queue"),
+    ("/jobs", "POST", {"job_type": "t", "timeout": "s" * 900_000}, "timeout"),
+])
+async def test_a_422_names_the_field_without_echoing_the_input(
+    client: httpx.AsyncClient, path: str, method: str, body: dict[str, Any], field: str
+) -> None:
+    """A 900 KB value got a 900 KB answer (issue 31, item 7)."""
+    answer = await client.request(method, path, json=body)
+    assert answer.status_code == 422
+    assert len(answer.content) < 1_000, answer.content[:300]
+    assert answer.json()["detail"][0]["loc"][-1] == field
