@@ -40,6 +40,11 @@ PAYLOAD_MAX_BYTES = 1_000_000
 Executor = AsyncSession | AsyncConnection
 
 
+#: What a job type must not hold: C0 and C1 controls, DEL, and the bidi
+#: embeddings, overrides and isolates.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def check_job_type(job_type: object) -> str:
     """The job type, or a ValueError that says what is wrong with it."""
     if not isinstance(job_type, str):
@@ -52,6 +57,11 @@ def check_job_type(job_type: object) -> str:
         )
     if "\x00" in job_type:
         raise ValueError("job type must not contain NUL characters")
+    if _CONTROL.search(job_type):
+        # A newline forges a line in a text log; an escape sequence rewrites
+        # the terminal that shows it; a bidi override reorders what it says.
+        raise ValueError("job type must not contain control characters (newlines, escapes, "
+                         "bidi overrides)")
     try:
         job_type.encode("utf-8")
     except UnicodeEncodeError:

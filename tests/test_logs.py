@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -256,3 +257,55 @@ async def test_the_worker_as_the_readme_starts_it_logs_no_line_per_job(
     [role] = [ln for ln in lines if "is active;" in ln]
     assert re.search(r"worker \d+ is active; it runs 6 job types \(block, effect, noop, poison, "
                      r"sleep, write_effect\) from every queue$", role), role
+
+
+FORGED = "x\n2026-12-03 00:00:00,000 INFO jobqueue.worker: FORGED job completed\x1b[2J\u202e"
+
+
+def test_a_text_log_line_cannot_be_forged_or_rewrite_the_terminal() -> None:
+    """What a message quotes (a job type from a plain INSERT, an error's text)
+    is escaped: one record, one line, no escape sequence, no bidi override;
+    its traceback's rows too (issue 31, item 3)."""
+    stream = io.StringIO()
+    handler = configure_logging("INFO", "text", stream)
+    try:
+        logging.getLogger("jobqueue.worker").warning(
+            "job %s failed", FORGED, extra={"traceback": f"Traceback\nValueError: {FORGED}"})
+    finally:
+        logging.getLogger().removeHandler(handler)
+    out = stream.getvalue()
+    assert "\x1b" not in out and "\u202e" not in out
+    first, *below = out.splitlines()
+    assert "FORGED" in first and "\\x0a2026-12-03" in first and "\\x1b[2J" in first
+    # The traceback keeps its rows, each indented below the line: none can
+    # pass for a line of the log.
+    assert below[0] == "  Traceback" and all(row.startswith("  ") for row in below)
+    assert "\\x1b[2J" in below[-1]
+
+
+@pytest.mark.parametrize("job_type", [FORGED, "a\x1b[31mred", "a\u202eb", "tab\there"])
+async def test_a_job_type_with_control_characters_is_refused(
+    client: httpx.AsyncClient, conn: asyncpg.Connection, job_type: str
+) -> None:
+    answer = await client.post("/jobs", json={"job_type": job_type})
+    assert answer.status_code == 422 and "control characters" in answer.text
+    assert "FORGED" not in answer.text
+    with pytest.raises(ValueError, match="control characters"):
+        HandlerRegistry().register(job_type)
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_status_shows_what_a_plain_insert_put_in_escaped(
+    db_url: str, conn: asyncpg.Connection
+) -> None:
+    """A plain INSERT is a valid job and skips enqueue's checks: `jobqueue
+    status` escapes what it prints of it."""
+    job_id = await conn.fetchval(
+        "INSERT INTO jobs (job_type, status, error_message, error_history, completed_at) "
+        "VALUES ($1, 'failed', $1, jsonb_build_array(jsonb_build_object("
+        "'attempt', 1, 'error', $2::text, 'at', now())), now()) RETURNING id", FORGED, FORGED)
+    for args in (["status"], ["status", str(job_id)]):
+        done = run_cli(*args, url=db_url)
+        assert done.returncode == 0, done.stderr
+        assert "\x1b" not in done.stdout and "\u202e" not in done.stdout
+        assert "FORGED" in done.stdout and "\n2026-12-03" not in done.stdout

@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from jobqueue import db
 from jobqueue.errors import MIGRATE_HINT, is_missing_schema
 from jobqueue.eventloop import LOOPS, loop_factory
-from jobqueue.ops.logs import FORMATS, configure_logging
+from jobqueue.ops.logs import FORMATS, configure_logging, printable_values
 from jobqueue.ops.token import TOKEN_ENV
 from jobqueue.worker import (
     DEFAULT_BATCH_SIZE,
@@ -358,7 +358,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
             return {"queues": routes.queues(), "unserved": routes.unserved()}
 
         found = asyncio.run(read())
-        print(json.dumps(found, indent=2) if args.json else format_queue_list(found))
+        print(json.dumps(found, indent=2) if args.json
+              else format_queue_list(printable_values(found)))
         return 0
 
     try:  # everything checked before connecting
@@ -429,9 +430,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     elif args.job_id is not None:
-        print(format_job(result))
+        print(format_job(printable_values(result)))
     else:
-        print(format_summary(result))
+        print(format_summary(printable_values(result)))
     return 0
 
 

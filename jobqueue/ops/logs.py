@@ -67,19 +67,53 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+#: Characters a line of text output shows escaped (`\x1b`, `\u202e`): C0 and
+#: C1 controls, DEL, bidi embeddings, overrides and isolates.
+_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
+_ESCAPES.update({c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+_ESCAPES_BUT_LINES = {c: e for c, e in _ESCAPES.items() if c not in (0x09, 0x0A)}
+
+
+def printable(text: str, lines: bool = False) -> str:
+    """`text` safe to print: control characters escaped, so what a job's
+    type or its error says cannot forge a log line (a newline), rewrite the
+    terminal (an escape sequence) or reorder itself (a bidi override).
+    `lines`: keep newlines and tabs (a report's own layout)."""
+    return text.translate(_ESCAPES_BUT_LINES if lines else _ESCAPES)
+
+
+def printable_values(value: Any, key: str = "") -> Any:
+    """`value` (a report: dicts, lists, text) with every text `printable`,
+    before it is laid out in lines: a newline in a job type must not start a
+    row of its own. A `traceback` keeps its rows (shown indented)."""
+    if isinstance(value, str):
+        return printable(value, lines=key == "traceback")
+    if isinstance(value, dict):
+        return {k: printable_values(v, k) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable_values(v, key) for v in value]
+    return value
+
+
 class TextFormatter(logging.Formatter):
     """`TEXT_FORMAT`, and a failed job's traceback (its `traceback` field)
-    below the line, indented, as Python prints an exception's."""
+    below the line, indented, as Python prints an exception's. What the
+    message and the traceback quote is escaped (`printable`)."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         trace = getattr(record, "traceback", None)
         if not isinstance(trace, str) or not trace:
             return line
-        return line + "\n" + "\n".join("  " + row for row in trace.rstrip().splitlines())
+        return line + "\n" + "\n".join("  " + printable(row)
+                                       for row in trace.rstrip().splitlines())
 
 
 def formatter(fmt: LogFormat) -> logging.Formatter:
