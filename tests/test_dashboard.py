@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -275,27 +274,54 @@ async def test_with_a_token_every_page_asks_for_a_login_first(
         assert (await web.get("/")).status_code == 303
 
     async with make_client(token=TOKEN) as web:
-        web.cookies.set(auth.SESSION_COOKIE, f"{int(time.time())}.{'0' * 64}")
+        web.cookies.set(auth.SESSION_COOKIE, "A" * 43)
         assert (await web.get("/")).status_code == 303  # a forged session
 
 
-def test_a_session_ends_after_its_time_and_with_the_token() -> None:
-    from starlette.requests import Request
-    from starlette.responses import Response
+async def logged_in(web: httpx.AsyncClient, token: str = TOKEN) -> str:
+    """Logs the client in; the CSRF value its forms carry."""
+    csrf = await csrf_of(web, "/dashboard/login")
+    answer = await web.post("/dashboard/login", data={"csrf": csrf, "token": token})
+    assert answer.status_code == 303 and auth.SESSION_COOKIE in web.cookies
+    return csrf
 
-    def request(cookie: str = "") -> Request:
-        headers = [(b"cookie", cookie.encode())] if cookie else []
-        return Request({"type": "http", "headers": headers, "scheme": "http",
-                        "server": ("test", 80), "path": "/"})
 
-    response = Response()
-    auth.start_session(request(), response, TOKEN)
-    value = response.headers["set-cookie"].split(";")[0]
-    assert auth.session_valid(request(value), TOKEN)
-    assert not auth.session_valid(request(value), "another token")
-    later = time.time() + auth.SESSION_SECONDS + 1
-    assert not auth.session_valid(request(value), TOKEN, now=later)
-    assert not auth.session_valid(request(), TOKEN)
+async def test_logging_out_ends_the_session_for_a_copy_of_its_cookie(
+        make_client: Callable[..., httpx.AsyncClient], conn: asyncpg.Connection) -> None:
+    """Issue 31, item 4: a cookie and CSRF value copied before the logout
+    paused a queue after it, for up to 12 hours."""
+    async with make_client(token=TOKEN) as web:
+        csrf = await logged_in(web)
+        copied = dict(web.cookies)
+        assert await conn.fetchval("SELECT count(*) FROM jobqueue_sessions") == 1
+        assert (await web.post("/dashboard/logout", data={"csrf": csrf})).status_code == 303
+        assert await conn.fetchval("SELECT count(*) FROM jobqueue_sessions") == 0
+    # Another process serving the same database (a new app) sees it too.
+    async with make_client(token=TOKEN) as other:
+        other.cookies.update(copied)
+        assert (await other.get("/")).status_code == 303
+        pause = await other.post("/dashboard/queues/default/pause", data={"csrf": csrf})
+        assert pause.status_code == 401
+    assert await conn.fetchval("SELECT count(*) FROM jobqueue_queues") == 0
+
+
+async def test_a_session_ends_when_it_expires_or_the_token_changes(
+        make_client: Callable[..., httpx.AsyncClient], conn: asyncpg.Connection) -> None:
+    async with make_client(token=TOKEN) as web:
+        await logged_in(web)
+        copied = dict(web.cookies)
+        assert (await web.get("/")).status_code == 200
+    async with make_client(token="a-new-token") as web:
+        web.cookies.update(copied)
+        assert (await web.get("/")).status_code == 303
+    async with make_client(token=TOKEN) as web:
+        web.cookies.update(copied)
+        assert (await web.get("/")).status_code == 200
+        await conn.execute("UPDATE jobqueue_sessions SET expires_at = now() - interval '1 s'")
+        assert (await web.get("/")).status_code == 303
+        web.cookies.clear()
+        await logged_in(web)  # a new login clears the expired one
+    assert await conn.fetchval("SELECT count(*) FROM jobqueue_sessions") == 1
 
 
 # -- lists, a page at a time --------------------------------------------------------

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -325,3 +326,18 @@ class Schedule(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")
     )
+
+
+class Session(Base):
+    """A dashboard login, until it expires or its owner logs out. The key
+    is a digest of the cookie's secret under the API token, so the table
+    holds nothing a browser could present, and a new token matches none of
+    the old rows (`jobqueue/ops/dashboard/auth.py`)."""
+
+    __tablename__ = "jobqueue_sessions"
+
+    digest: Mapped[bytes] = mapped_column(LargeBinary, primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

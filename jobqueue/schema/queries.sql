@@ -1288,3 +1288,21 @@ FROM ((SELECT 1 AS arm, id, job_type, queue, priority, status, retry_count, max_
        LIMIT :limit)) AS page
 ORDER BY arm, queue, priority DESC, run_at, id
 LIMIT :limit;
+
+-- session_start --
+-- A dashboard login (`jobqueue/ops/dashboard/auth.py`): the digest of its
+-- cookie's secret, until it expires. Logins that expired are cleared on the
+-- way, so the table holds about as many rows as there are open sessions.
+WITH cleared AS (
+    DELETE FROM jobqueue_sessions WHERE expires_at <= now()
+)
+INSERT INTO jobqueue_sessions (digest, expires_at)
+VALUES (:digest, now() + make_interval(secs => :seconds));
+
+-- session_valid --
+-- Whether a cookie's session is open: found, and not expired.
+SELECT EXISTS (SELECT FROM jobqueue_sessions WHERE digest = :digest AND expires_at > now());
+
+-- session_end --
+-- Logging out: the session ends for every process that serves the dashboard.
+DELETE FROM jobqueue_sessions WHERE digest = :digest;

@@ -2,10 +2,12 @@
 
 With a token (`JOBQUEUE_API_TOKEN`), a person types it once into the login
 form; the answer is a session cookie (HttpOnly: page scripts cannot read
-it; SameSite=Strict: other sites' pages do not send it) holding the time it
-was issued and an HMAC of that time under the token, so the token itself
-never sits in the browser, changing the token ends every session, and a
-session ends after `SESSION_SECONDS`.
+it; SameSite=Strict: other sites' pages do not send it) holding a random
+secret. The database keeps that secret's digest under the token
+(`jobqueue_sessions`) until the session expires after `SESSION_SECONDS`
+or its owner logs out, so the token never sits in the browser, a logout
+ends the session on every process serving the dashboard (a copied cookie
+stops working with it), and a new token ends every session.
 
 Every form that changes something also carries a CSRF token, equal to a
 random cookie of the browser's own (double submit): a page of another
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
-import time
 
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from starlette.requests import Request
 from starlette.responses import Response
+
+from jobqueue.schema.queries import queries
 
 __all__ = ["CSRF_COOKIE", "CSRF_FIELD", "SESSION_COOKIE", "SESSION_SECONDS", "csrf_ok",
            "csrf_token", "end_session", "session_valid", "set_csrf_cookie", "start_session",
@@ -35,28 +40,39 @@ CSRF_FIELD = "csrf"
 #: How long a login lasts.
 SESSION_SECONDS = 12 * 3600
 
+Executor = AsyncConnection | AsyncSession
+
 
 def token_matches(given: str, token: str) -> bool:
     """Compared in constant time, so the answer's timing tells nothing."""
     return hmac.compare_digest(given.encode(), token.encode())
 
 
-def _sign(token: str, issued: int) -> str:
-    return hmac.new(token.encode(), f"jobqueue dashboard session {issued}".encode(),
-                    hashlib.sha256).hexdigest()
+#: What `start_session` puts in the cookie: 32 random bytes, URL-safe base64.
+_SECRET = re.compile(r"[A-Za-z0-9_-]{43}")
 
 
-def session_valid(request: Request, token: str, now: float | None = None) -> bool:
-    """Whether the request carries an unexpired session issued under `token`."""
-    issued_text, _, signature = request.cookies.get(SESSION_COOKIE, "").partition(".")
-    # ASCII digits, a timestamp's few: str.isdigit() takes "²" (which int()
-    # refuses) and int() refuses 4,300 digits or more; either was a 500, on
-    # every page and before the login.
-    if not (issued_text.isascii() and issued_text.isdigit() and len(issued_text) <= 12):
+def _digest(token: str, secret: str) -> bytes:
+    return hmac.new(token.encode(), f"jobqueue dashboard session {secret}".encode(),
+                    hashlib.sha256).digest()
+
+
+def _secret(request: Request) -> str | None:
+    """The cookie's secret, if it has the shape of one: anything else (a
+    planted cookie of 5,000 digits, say) is no session, never an error."""
+    value = request.cookies.get(SESSION_COOKIE, "")
+    return value if _SECRET.fullmatch(value) else None
+
+
+async def session_valid(request: Request, conn: Executor, token: str) -> bool:
+    """Whether the request carries a session that is open under `token`."""
+    secret = _secret(request)
+    if secret is None:
         return False
-    issued = int(issued_text)
-    age = (time.time() if now is None else now) - issued
-    return 0 <= age < SESSION_SECONDS and hmac.compare_digest(signature, _sign(token, issued))
+    async with conn.begin():
+        found = await conn.execute(queries["session_valid"].text,
+                                   {"digest": _digest(token, secret)})
+        return bool(found.scalar())
 
 
 def _path(request: Request) -> str:
@@ -64,16 +80,27 @@ def _path(request: Request) -> str:
     return str(request.scope.get("jobqueue_dashboard_root", "/")) or "/"
 
 
-def start_session(request: Request, response: Response, token: str) -> None:
-    issued = int(time.time())
-    response.set_cookie(SESSION_COOKIE, f"{issued}.{_sign(token, issued)}",
-                        max_age=SESSION_SECONDS, path=_path(request), httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+async def start_session(request: Request, response: Response, conn: Executor,
+                        token: str) -> None:
+    secret = secrets.token_urlsafe(32)
+    async with conn.begin():
+        await conn.execute(queries["session_start"].text,
+                           {"digest": _digest(token, secret), "seconds": SESSION_SECONDS})
+    response.set_cookie(SESSION_COOKIE, secret, max_age=SESSION_SECONDS, path=_path(request),
+                        httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
 
 
-def end_session(request: Request, response: Response) -> None:
-    response.delete_cookie(SESSION_COOKIE, path=_path(request), httponly=True,
-                           samesite="strict")
+async def end_session(request: Request, response: Response, conn: Executor,
+                      token: str | None) -> None:
+    """Ends the session in the database, then asks the browser to forget
+    it and its CSRF value."""
+    secret = _secret(request)
+    if secret is not None and token is not None:
+        async with conn.begin():
+            await conn.execute(queries["session_end"].text, {"digest": _digest(token, secret)})
+    for name in (SESSION_COOKIE, CSRF_COOKIE):
+        response.delete_cookie(name, path=_path(request), httponly=True, samesite="strict")
 
 
 def csrf_token(request: Request) -> tuple[str, bool]:

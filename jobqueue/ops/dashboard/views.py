@@ -120,23 +120,31 @@ class _Refused(Exception):
         self.status = status
 
 
+class _LogIn(Exception):
+    """Answer a page's GET with the login form."""
+
+
 class _DashboardRoute(APIRoute):
-    """Every dashboard route: security headers on the answer; with a token, a
-    session (or the login form); for a change, a same-origin browser, a form
-    of at most MAX_FORM_BYTES and its CSRF token. The checked form fields are
-    left in `request.state.form`."""
+    """Every dashboard route: security headers on the answer, and a page
+    saying what went wrong for a refusal or a database that cannot answer.
+    The checks themselves are dependencies (`_guard`, `_open_guard`), so a
+    session is looked up on the connection the page then uses."""
 
     token: Any = FROM_ENV
-    public = False  # the login form and the static files need no session
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
-        token_setting, public = self.token, self.public
+        token_setting = self.token
 
         async def guarded(request: Request) -> Response:
             request.scope["jobqueue_dashboard_root"] = request.url_for("jobqueue_dashboard").path
+            request.state.token = resolve(token_setting)
+            request.state.logged_in = False
+            request.state.form = {}
             try:
-                response = await _checked(request, handle, resolve(token_setting), public)
+                response = await handle(request)
+            except _LogIn:
+                response = RedirectResponse(request.url_for("jobqueue_dashboard_login").path, 303)
             except _Refused as refused:
                 response = _message_page(request, refused.status, str(refused))
             except Exception as exc:
@@ -154,23 +162,32 @@ class _DashboardRoute(APIRoute):
         return guarded
 
 
-async def _checked(request: Request, handle: Callable[[Request], Coroutine[Any, Any, Response]],
-                   token: str | None, public: bool) -> Response:
-    request.state.token = token
-    request.state.logged_in = token is not None and auth.session_valid(request, token)
-    if token is not None and not public and not request.state.logged_in:
-        if request.method in SAFE_METHODS:
-            return RedirectResponse(request.url_for("jobqueue_dashboard_login").path, 303)
-        raise _Refused(401, "Log in first: this dashboard needs the API token.")
-    request.state.form = {}
-    if request.method not in SAFE_METHODS:
-        if cross_origin(request):
-            raise _Refused(403, "Refused: this request came from another site.")
-        request.state.form = await _read_form(request)
-        if not auth.csrf_ok(request, request.state.form):
-            raise _Refused(403, "Refused: the form's security token is missing or stale; "
-                                "reload the page and try again.")
-    return await handle(request)
+def _guards(Conn: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:  # noqa: N803
+    """The dependencies that guard the pages (`guard`: with a token, an open
+    session) and the login, logout and static files (`open_guard`); both
+    ask a change for a same-origin browser, a small form and its CSRF token.
+    The checked form fields are left in `request.state.form`."""
+
+    async def open_guard(request: Request) -> None:
+        if request.method not in SAFE_METHODS:
+            if cross_origin(request):
+                raise _Refused(403, "Refused: this request came from another site.")
+            request.state.form = await _read_form(request)
+            if not auth.csrf_ok(request, request.state.form):
+                raise _Refused(403, "Refused: the form's security token is missing or stale; "
+                                    "reload the page and try again.")
+
+    async def guard(request: Request, conn: Conn) -> None:
+        token = request.state.token
+        if token is not None:
+            request.state.logged_in = await auth.session_valid(request, conn, token)
+            if not request.state.logged_in:
+                if request.method in SAFE_METHODS:
+                    raise _LogIn
+                raise _Refused(401, "Log in first: this dashboard needs the API token.")
+        await open_guard(request)
+
+    return guard, open_guard
 
 
 async def _read_form(request: Request) -> dict[str, str]:
@@ -279,11 +296,13 @@ def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
     job's worker. overview_ttl: how stale the overview's shared reading may be.
     """
     route = type("JobqueueDashboardRoute", (_DashboardRoute,), {"token": token})
-    public = type("JobqueueDashboardPublicRoute", (route,), {"public": True})
     Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
+    guard, open_guard = _guards(Conn)
     seen = overview.Overview(ttl=overview_ttl)
-    r = APIRouter(route_class=route, include_in_schema=False)
-    open_r = APIRouter(route_class=public, include_in_schema=False)
+    r = APIRouter(route_class=route, include_in_schema=False, dependencies=[Depends(guard)])
+    # Its own router, not included in `r`: that would add `guard` to its routes.
+    open_r = APIRouter(route_class=route, include_in_schema=False,
+                       dependencies=[Depends(open_guard)])
 
     @r.get("/", name="jobqueue_dashboard")
     async def home(request: Request, conn: Conn) -> Response:
@@ -320,9 +339,11 @@ def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
         return await _job(request, conn, _job_id(job_id), done=_done(request))
 
     _add_actions(r, Conn, cancel_wait)
-    _add_login(open_r)
-    r.include_router(open_r)
-    return r
+    _add_login(open_r, Conn)
+    both = APIRouter(include_in_schema=False)
+    both.include_router(r)
+    both.include_router(open_r)
+    return both
 
 
 def _add_actions(r: APIRouter, Conn: Any, cancel_wait: float) -> None:  # noqa: N803
@@ -358,7 +379,7 @@ def _add_actions(r: APIRouter, Conn: Any, cancel_wait: float) -> None:  # noqa: 
         return await _queue_action(request, conn, name, queues.resume, "resumed")
 
 
-def _add_login(open_r: APIRouter) -> None:
+def _add_login(open_r: APIRouter, Conn: Any) -> None:  # noqa: N803
     """The login form, logout, the stylesheet and the script: no session needed."""
 
     @open_r.get("/dashboard/login", name="jobqueue_dashboard_login")
@@ -368,7 +389,7 @@ def _add_login(open_r: APIRouter) -> None:
         return _render(request, "login.html", title="Log in")
 
     @open_r.post("/dashboard/login", name="jobqueue_dashboard_login_post")
-    async def login(request: Request) -> Response:
+    async def login(request: Request, conn: Conn) -> Response:
         token = request.state.token
         if token is None:
             return RedirectResponse(request.url_for("jobqueue_dashboard").path, 303)
@@ -376,13 +397,13 @@ def _add_login(open_r: APIRouter) -> None:
             return _render(request, "login.html", 401, title="Log in",
                            error="That is not the token.")
         response = RedirectResponse(request.url_for("jobqueue_dashboard").path, 303)
-        auth.start_session(request, response, token)
+        await auth.start_session(request, response, conn, token)
         return response
 
     @open_r.post("/dashboard/logout", name="jobqueue_dashboard_logout")
-    async def logout(request: Request) -> Response:
+    async def logout(request: Request, conn: Conn) -> Response:
         response = RedirectResponse(request.url_for("jobqueue_dashboard_login").path, 303)
-        auth.end_session(request, response)
+        await auth.end_session(request, response, conn, request.state.token)
         return response
 
     @open_r.get("/dashboard/static/{name}", name="jobqueue_dashboard_static")
