@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,11 +26,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from jobqueue import HandlerRegistry, RetryPolicy, api, enqueue_many
 from jobqueue.api import TOKEN_ENV, create_app, create_router
 from jobqueue.ops.cli import build_parser
+from jobqueue.ops.throttle import Throttle
 from jobqueue.schema.queries import queries
 from jobqueue.testing import drain, wait_for
 from tests.conftest import ROOT, client_for, wait_answering
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-for-tests"
 
 
 @pytest.fixture
@@ -572,10 +574,11 @@ async def test_token_guards_every_route(make_client: Callable[..., httpx.AsyncCl
                                         monkeypatch: pytest.MonkeyPatch,
                                         conn: asyncpg.Connection) -> None:
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    async with make_client() as client:
+    # 36 wrong tokens in a moment: more than the default throttle lets by.
+    async with make_client(throttle=Throttle(failures=100)) as client:
         routes = [("GET", "/jobs"), ("GET", f"/jobs/{uuid.uuid4()}"), ("POST", "/jobs"),
                   ("POST", f"/jobs/{uuid.uuid4()}/retry"), ("DELETE", f"/jobs/{uuid.uuid4()}"),
-                  ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs"),
+                  ("GET", "/metrics"), ("GET", "/openapi.json"),
                   ("GET", "/queues"), ("POST", "/queues/q/pause"), ("POST", "/queues/q/resume"),
                   ("PUT", "/queues/q/limits")]
         for headers in ({}, {"Authorization": "Bearer wrong"},
@@ -585,6 +588,7 @@ async def test_token_guards_every_route(make_client: Callable[..., httpx.AsyncCl
                                                 json={"job_type": "t"})
                 assert response.status_code == 401, (method, path, headers, response.text)
                 assert response.headers["www-authenticate"] == "Bearer"
+                assert response.headers["x-content-type-options"] == "nosniff"
         # The token is checked before the body is even read.
         huge = await client.post("/jobs", content=b"x" * (2 * 1024 * 1024))
         assert huge.status_code == 401
@@ -594,9 +598,67 @@ async def test_token_guards_every_route(make_client: Callable[..., httpx.AsyncCl
         auth = {"Authorization": f"Bearer {TOKEN}"}
         created = await client.post("/jobs", json={"job_type": "t"}, headers=auth)
         assert created.status_code == 201
-        for path in ("/jobs", f"/jobs/{created.json()['id']}", "/metrics", "/openapi.json",
-                     "/docs"):
-            assert (await client.get(path, headers=auth)).status_code == 200, path
+        for path in ("/jobs", f"/jobs/{created.json()['id']}", "/metrics", "/openapi.json"):
+            answer = await client.get(path, headers=auth)
+            assert answer.status_code == 200, path
+            assert answer.headers["x-content-type-options"] == "nosniff", path
+
+
+async def test_wrong_tokens_are_throttled_per_client(
+        make_client: Callable[..., httpx.AsyncClient], conn: asyncpg.Connection) -> None:
+    """Issue 31, item 8: 523 wrong tries a second were answered. After 10
+    wrong tokens in a minute, every try is a 429, the right token too (a
+    right guess must tell nothing); the dashboard's login counts with them."""
+    async with make_client(token=TOKEN) as client:
+        for _ in range(5):  # no token at all is no guess
+            assert (await client.get("/jobs")).status_code == 401
+        for i in range(10):
+            wrong = {"Authorization": f"Bearer guess-{i}"}
+            assert (await client.get("/jobs", headers=wrong)).status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        refused = await client.post("/jobs", json={"job_type": "t"}, headers=auth)
+        assert refused.status_code == 429, refused.text
+        assert 0 < int(refused.headers["retry-after"]) <= 60
+        assert "too many wrong tokens" in refused.json()["detail"]
+        login = await client.get("/dashboard/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+        page = await client.post("/dashboard/login", data={"csrf": csrf, "token": TOKEN})
+        assert page.status_code == 429 and "Too many wrong tokens" in page.text
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+    async with make_client(token=TOKEN) as client:  # the dashboard's wrong tries count too
+        login = await client.get("/dashboard/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)  # type: ignore[union-attr]
+        for i in range(10):
+            page = await client.post("/dashboard/login", data={"csrf": csrf, "token": f"g{i}"})
+            assert page.status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await client.get("/jobs", headers=auth)).status_code == 429
+
+
+def test_the_throttle_forgets_a_failure_after_its_window() -> None:
+    now = [0.0]
+    throttle = Throttle(failures=3, window=60.0, clock=lambda: now[0])
+    for t in (0.0, 10.0, 20.0):
+        now[0] = t
+        assert throttle.wait("a") == 0
+        throttle.failed("a")
+    assert throttle.wait("a") == 40.0 and throttle.wait("b") == 0  # per client
+    now[0] = 60.0  # the first failure has left the window
+    assert throttle.wait("a") == 0
+
+
+@pytest.mark.parametrize("token", ["x", "s" * 15])
+def test_a_token_too_short_to_be_a_secret_is_refused(token: str, db_url: str) -> None:
+    with pytest.raises(ValueError, match="at least 16"):
+        create_app(db_url, token=token)
+    with pytest.raises(ValueError, match="at least 16"):
+        create_router(token=token)
+    env = {**os.environ, "DATABASE_URL": db_url, TOKEN_ENV: token}
+    done = subprocess.run([sys.executable, "-m", "jobqueue", "serve", "--port",
+                           str(_free_port())], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "at least 16" in done.stderr
 
 
 async def test_no_token_when_the_variable_is_empty(
@@ -626,8 +688,8 @@ async def test_openapi_schema_lists_the_routes(client: httpx.AsyncClient) -> Non
     assert set(new_job["properties"]) == {"job_type", "payload", "max_retries", "run_at",
                                           "queue", "priority", "unique_key", "timeout"}
     assert new_job["required"] == ["job_type"]
-    docs = await client.get("/docs")
-    assert docs.status_code == 200 and "/openapi.json" in docs.text
+    # No Swagger page: it loaded its scripts from a CDN, without integrity.
+    assert (await client.get("/docs")).status_code == 404
 
 
 async def test_router_in_an_app_of_your_own(engine: AsyncEngine, conn: asyncpg.Connection
@@ -888,6 +950,38 @@ async def test_with_a_token_any_host_name_or_only_the_allowed_ones(
                            ("internal.example.evil", 400), ("127.0.0.1", 400)):
             answer = await client.get("/queues", headers={**auth, "host": host})
             assert answer.status_code == code, (host, answer.text)
+
+
+async def test_serve_believes_x_forwarded_for_only_from_the_proxies_named(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Issue 31, item 8: uvicorn believed X-Forwarded-For from loopback, so
+    any local process could claim any address: in the access log, and to
+    the wrong-token throttle, which a new address each try walked past."""
+    token = "t" * 40
+    async with _served(db_url, tmp_path / "serve.log", token=token) as base, \
+            httpx.AsyncClient(base_url=base) as client:
+        for i in range(10):
+            forged = {"authorization": f"Bearer guess-{i}", "x-forwarded-for": f"203.0.113.{i}"}
+            assert (await client.get("/queues", headers=forged)).status_code == 401
+        right = {"authorization": f"Bearer {token}", "x-forwarded-for": "203.0.113.99"}
+        answer = await client.get("/queues", headers=right)
+        assert answer.status_code == 429 and "from 127.0.0.1" in answer.json()["detail"]
+    log = (tmp_path / "serve.log").read_text()
+    assert '"GET /queues HTTP/1.1" 401' in log  # the access log was there to read
+    assert "203.0.113." not in log
+    async with _served(db_url, tmp_path / "proxy.log", "--forwarded-allow-ips", "127.0.0.1",
+                       token=token) as base, httpx.AsyncClient(base_url=base) as client:
+        for i in range(10):
+            behind = {"authorization": f"Bearer guess-{i}", "x-forwarded-for": "203.0.113.7"}
+            assert (await client.get("/queues", headers=behind)).status_code == 401
+        refused = await client.get("/queues", headers={"authorization": f"Bearer {token}",
+                                                       "x-forwarded-for": "203.0.113.7"})
+        assert refused.status_code == 429 and "from 203.0.113.7" in refused.json()["detail"]
+        other = await client.get("/queues", headers={"authorization": f"Bearer {token}",
+                                                     "x-forwarded-for": "203.0.113.8"})
+        assert other.status_code == 200
+    assert "203.0.113.7" in (tmp_path / "proxy.log").read_text()
 
 
 @pytest.mark.parametrize(("path", "method", "body", "field"), [

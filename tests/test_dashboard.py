@@ -311,7 +311,7 @@ async def test_a_session_ends_when_it_expires_or_the_token_changes(
         await logged_in(web)
         copied = dict(web.cookies)
         assert (await web.get("/")).status_code == 200
-    async with make_client(token="a-new-token") as web:
+    async with make_client(token="a-new-token-0123456") as web:
         web.cookies.update(copied)
         assert (await web.get("/")).status_code == 303
     async with make_client(token=TOKEN) as web:

@@ -367,3 +367,33 @@ async def test_a_types_default_timeout_applies_and_a_jobs_own_wins(
         await wait_for(lambda: _finished(conn, 2), timeout=30, message="both ended")
     assert "timeout of 0.3 s" in (await _job(conn, by_type))["error_message"]
     assert (await _job(conn, own))["status"] == "completed"  # its own 5 s, not the type's 0.3
+
+
+@pytest.mark.parametrize("quick_batch", [None, 0], ids=["quick batch", "claimed"])
+async def test_a_job_cancelled_retried_and_completed_shows_no_error(
+        db_url: str, engine: AsyncEngine, conn: asyncpg.Connection,
+        quick_batch: int | None) -> None:
+    """Issue 31, item 8: it still said `cancelled`, completed. Both ways a
+    job completes (a quick batch's `complete_taken`, a claim's `complete`)."""
+    from jobqueue.ops import actions
+    from jobqueue.testing import drain
+
+    registry = HandlerRegistry()
+
+    @registry.register("ok")
+    async def ok(session: Any, payload: dict[str, Any]) -> str:
+        return "done"
+
+    async with engine.begin() as s:
+        job_id = await enqueue(s, "ok", {})
+    async with engine.connect() as c:
+        assert await actions.cancel(c, job_id, None, wait=1.0)
+    row = await _job(conn, job_id)
+    assert (row["status"], row["error_message"]) == ("failed", "cancelled")  # something to clear
+    async with engine.connect() as c:
+        await actions.retry(c, job_id)
+    options = {} if quick_batch is None else {"quick_batch": quick_batch}
+    await drain(db_url, registry=registry, **options)
+    row = await _job(conn, job_id)
+    assert row["status"] == "completed" and row["result"] == '"done"'
+    assert row["error_message"] is None

@@ -27,8 +27,10 @@
   first), else 202 with the job as it stands and `"cancelling": true`. 409
   for a job that had finished already.
 - `GET /metrics`: Prometheus' text format (see `jobqueue.ops.metrics`).
-- `GET /openapi.json`, `GET /docs`: the schema and its Swagger page
-  (`create_app` only).
+- `GET /openapi.json`: the schema (`create_app` only). There is no Swagger
+  page: it loads its scripts from a third-party CDN, and a browser cannot
+  send the bearer token a page needs; open the schema in a viewer of your
+  own.
 
 A malformed id is a 422, an unknown one a 404.
 
@@ -46,9 +48,12 @@ Guards, on every route of the router:
 - **Bearer token**: if `JOBQUEUE_API_TOKEN` is set (or `token=` given),
   every request needs `Authorization: Bearer <token>` (401 otherwise,
   compared in constant time). It is checked before the body is read. In
-  `create_app` that includes `/metrics`, `/openapi.json` and `/docs`: with a
-  token, nothing answers without it (fetch the schema with
-  `curl -H "Authorization: Bearer $JOBQUEUE_API_TOKEN" …/openapi.json`).
+  `create_app` that includes `/metrics` and `/openapi.json`: with a token,
+  nothing answers without it (fetch the schema with
+  `curl -H "Authorization: Bearer $JOBQUEUE_API_TOKEN" …/openapi.json`). A
+  token shorter than 16 characters is refused when the app is made; a
+  client that presents 10 wrong tokens in a minute gets 429s until the
+  minute has passed (`jobqueue.ops.throttle`).
 - **Body size**: at most `max_body_bytes` (1 MiB) per request body; a larger
   `Content-Length`, or a body that streams past the limit, is a 413 before
   any JSON is parsed.
@@ -80,6 +85,7 @@ import base64
 import binascii
 import hmac
 import json
+import math
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -89,8 +95,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -114,7 +119,8 @@ from jobqueue.errors import MIGRATE_HINT, is_connection_error, is_missing_schema
 from jobqueue.ops import actions, held, metrics, routing
 from jobqueue.ops.dashboard import create_dashboard
 from jobqueue.ops.origin import ANY_HOST, HostGuard, cross_origin
-from jobqueue.ops.token import FROM_ENV, TOKEN_ENV, resolve
+from jobqueue.ops.throttle import Throttle, client_address
+from jobqueue.ops.token import FROM_ENV, TOKEN_ENV, check, resolve
 from jobqueue.registry import HandlerRegistry
 from jobqueue.schema.models import (
     DEFAULT_QUEUE,
@@ -398,16 +404,23 @@ class _GuardedRoute(APIRoute):
 
     token: Any = _FROM_ENV
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    throttle: Throttle
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
-        token, limit = self.token, self.max_body_bytes
+        token, limit, throttle = self.token, self.max_body_bytes, self.throttle
 
         async def guarded(request: Request) -> Response:
-            expected = resolve(token)
-            if expected is not None and not _authorized(request, expected):
-                return _problem(401, "missing or wrong bearer token (Authorization: Bearer …)",
-                                {"WWW-Authenticate": "Bearer"})
+            response = await answer(request)
+            # JSON is never to be read as anything else (a browser sniffing
+            # a payload of HTML would render it).
+            response.headers["X-Content-Type-Options"] = "nosniff"
+            return response
+
+        async def answer(request: Request) -> Response:
+            refused = _token_refusal(request, resolve(token), throttle)
+            if refused is not None:
+                return refused
             if cross_origin(request):
                 return _problem(403, "refused: a browser sent this on behalf of another site")
             body = await _read_body(request, limit)
@@ -429,6 +442,25 @@ class _GuardedRoute(APIRoute):
                 raise
 
         return guarded
+
+
+def _token_refusal(request: Request, expected: str | None,
+                   throttle: Throttle) -> Response | None:
+    """A 401 for a missing or wrong token, a 429 for a client that sent too
+    many wrong ones lately (whatever it sends now); None: go on."""
+    if expected is None:
+        return None
+    client = client_address(request)
+    wait = throttle.wait(client)
+    if wait:
+        return _problem(429, f"too many wrong tokens from {client}; try again in "
+                             f"{math.ceil(wait)} s", {"Retry-After": str(math.ceil(wait))})
+    if _authorized(request, expected):
+        return None
+    if "authorization" in request.headers:
+        throttle.failed(client)
+    return _problem(401, "missing or wrong bearer token (Authorization: Bearer …)",
+                    {"WWW-Authenticate": "Bearer"})
 
 
 def _authorized(request: Request, expected: str) -> bool:
@@ -541,6 +573,7 @@ def create_router(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     cancel_wait: float = DEFAULT_CANCEL_WAIT,
     dashboard: bool = True,
+    throttle: Throttle | None = None,
 ) -> APIRouter:
     """The API's routes, for `app.include_router(...)`, and the dashboard's.
 
@@ -551,9 +584,16 @@ def create_router(
     cancel_wait: seconds `DELETE /jobs/{id}` waits for a running job to stop.
     dashboard: include the dashboard (`/` and `/dashboard/…`, see
         `jobqueue.ops.dashboard`), guarded by the same token.
+    throttle: counts each client's wrong tokens, the API's and the
+        dashboard login's together (`jobqueue.ops.throttle`); a new one
+        by default.
     """
+    if token is not _FROM_ENV:
+        check(token)
+    throttle = Throttle() if throttle is None else throttle
     route_class = type("JobqueueRoute", (_GuardedRoute,),
-                       {"token": token, "max_body_bytes": max_body_bytes})
+                       {"token": token, "max_body_bytes": max_body_bytes,
+                        "throttle": throttle})
     connection = get_connection if engine is None else _engine_dependency(engine)
     Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
     r = APIRouter(route_class=route_class, responses=_ERRORS,
@@ -630,7 +670,8 @@ def create_router(
 
     _add_queue_routes(r, Conn)
     if dashboard:
-        r.include_router(create_dashboard(connection, token=token, cancel_wait=cancel_wait))
+        r.include_router(create_dashboard(connection, token=token, cancel_wait=cancel_wait,
+                                          throttle=throttle))
 
     @r.get("/metrics", name="jobqueue_metrics", summary="Prometheus metrics",
            response_class=Response, tags=["observability"],
@@ -761,6 +802,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     cancel_wait: float = DEFAULT_CANCEL_WAIT,
     allowed_hosts: Sequence[str] | None = None,
+    throttle: Throttle | None = None,
 ) -> FastAPI:
     """The API as an application (what `jobqueue serve` runs).
 
@@ -770,10 +812,14 @@ def create_app(
     allowed_hosts: the Host names it answers to (`origin.HostGuard`: names,
         `*.domain`, `*`). None: loopback names without a token, any with one.
         A page on a name rebound to 127.0.0.1 is refused (DNS rebinding).
+    throttle: as `create_router`'s.
+    A token shorter than `token.MIN_LENGTH` is a ValueError.
     """
-    engine = db.create_engine(database_url)
     if token is _FROM_ENV:
         token = os.environ.get(TOKEN_ENV) or None
+    check(token)
+    throttle = Throttle() if throttle is None else throttle
+    engine = db.create_engine(database_url)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -785,28 +831,24 @@ def create_app(
                   openapi_url=None, docs_url=None, redoc_url=None)
     app.state.jobqueue_engine = engine
     app.include_router(create_router(engine, registry=registry, token=token,
-                                     max_body_bytes=max_body_bytes, cancel_wait=cancel_wait))
-    app.include_router(_docs_router(app, token, max_body_bytes))
+                                     max_body_bytes=max_body_bytes, cancel_wait=cancel_wait,
+                                     throttle=throttle))
+    app.include_router(_docs_router(app, token, max_body_bytes, throttle))
     if allowed_hosts is None and token is not None:
         allowed_hosts = [ANY_HOST]
     app.add_middleware(HostGuard, allowed=allowed_hosts)
     return app
 
 
-def _docs_router(app: FastAPI, token: str | None, max_body_bytes: int) -> APIRouter:
-    """/openapi.json and /docs behind the same guards as the API."""
+def _docs_router(app: FastAPI, token: str | None, max_body_bytes: int,
+                 throttle: Throttle) -> APIRouter:
+    """/openapi.json behind the same guards as the API."""
     route_class = type("JobqueueDocsRoute", (_GuardedRoute,),
-                       {"token": token, "max_body_bytes": max_body_bytes})
+                       {"token": token, "max_body_bytes": max_body_bytes, "throttle": throttle})
     docs = APIRouter(route_class=route_class, include_in_schema=False)
 
     @docs.get("/openapi.json")
     async def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
 
-    @docs.get("/docs")
-    async def swagger(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "").rstrip("/")
-        return get_swagger_ui_html(openapi_url=f"{root}/openapi.json", title="jobqueue API")
-
     return docs
-

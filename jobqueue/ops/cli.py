@@ -327,15 +327,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"refusing to serve on {args.host} without {TOKEN_ENV}: anyone who "
                        "can reach it could enqueue, retry and cancel jobs and pause queues; "
                        "set the token, or serve on 127.0.0.1 behind a proxy of your own")
-    app = create_app(use_database(), max_body_bytes=args.max_body_bytes,
-                     allowed_hosts=args.allowed_hosts)
+    try:
+        app = create_app(use_database(), max_body_bytes=args.max_body_bytes,
+                         allowed_hosts=args.allowed_hosts)
+    except ValueError as e:  # a token too short to be a secret
+        raise CliError(str(e)) from None
     # uvicorn finishes open requests on SIGTERM, then raises the signal again
     # for whatever handler was there before: this one makes it a clean exit 0.
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         # log_config=None: uvicorn's loggers go through ours (--log-format applies).
+        # X-Forwarded-For only from the proxies named: uvicorn trusts it from
+        # 127.0.0.1 by default, so any local process could claim any
+        # address (in the access log, and to the wrong-token throttle).
         uvicorn.run(app, host=args.host, port=args.port, log_config=None,
-                    log_level=args.log_level.lower())
+                    log_level=args.log_level.lower(),
+                    proxy_headers=args.forwarded_allow_ips is not None,
+                    forwarded_allow_ips=args.forwarded_allow_ips)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
@@ -694,6 +702,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Host name to answer to (repeatable; *.example.org for its "
                         "subdomains); default: loopback names only without "
                         f"{TOKEN_ENV}, any with it")
+    s.add_argument("--forwarded-allow-ips", metavar="IPS",
+                   help="addresses of the reverse proxies whose X-Forwarded-For and "
+                        "X-Forwarded-Proto to believe (comma-separated, as uvicorn's); "
+                        "default: none, each request's own address counts")
     s.set_defaults(func=cmd_serve)
     return p
 

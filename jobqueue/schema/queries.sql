@@ -326,7 +326,10 @@ ROLLBACK TO SAVEPOINT jobqueue_job;
 -- handlers' writes. :taken means this transaction took the jobs (`take`):
 -- they are still waiting and locked by it. Otherwise only jobs this worker
 -- claimed and still owns are touched: the caller rolls back everything if a
--- row is missing. Returns each job's latency (from enqueue or due time).
+-- row is missing. Returns each job's latency (from enqueue or due time). A
+-- completed job has no error_message: the errors of its earlier attempts
+-- stay in error_history (a cancelled job retried and completed showed
+-- `cancelled`).
 -- `told`: a job that a caller of `jobqueue.wait()` waits for (a row in
 -- jobqueue_waiters) is announced on channel jobqueue_done, at commit. The
 -- first EXISTS is an InitPlan, run once per statement: when nobody waits it
@@ -335,7 +338,7 @@ ROLLBACK TO SAVEPOINT jobqueue_job;
 -- tuplestore for the rare waiter.)
 UPDATE jobs AS j
 SET status = 'completed', completed_at = statement_timestamp(), next_retry_at = NULL,
-    result = CAST(d.result AS jsonb), worker_id = :worker_id,
+    result = CAST(d.result AS jsonb), worker_id = :worker_id, error_message = NULL,
     started_at = CASE WHEN :taken THEN now() ELSE j.started_at END
 FROM unnest(CAST(:ids AS uuid[]), CAST(:results AS text[])) AS d(id, result)
 WHERE j.id = d.id
@@ -365,7 +368,8 @@ RETURNING CAST(extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_
 -- and the worker encodes one array less.
 UPDATE jobs AS j
 SET status = 'completed', completed_at = statement_timestamp(), next_retry_at = NULL,
-    result = CAST(d.result AS jsonb), worker_id = :worker_id, started_at = now()
+    result = CAST(d.result AS jsonb), worker_id = :worker_id, started_at = now(),
+    error_message = NULL
 FROM unnest(CAST(:ids AS uuid[]), CAST(:results AS text[]),
             CAST(CAST(:tids AS text) AS tid[])) AS d(id, result, tid)
 WHERE j.ctid = d.tid AND j.id = d.id

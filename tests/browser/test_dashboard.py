@@ -29,7 +29,7 @@ from tests.browser.conftest import PHONE, Serve, Served
 if TYPE_CHECKING:
     from playwright.async_api import Dialog, Page
 
-TOKEN = "browser-s3cret"
+TOKEN = "browser-s3cret-token"
 SCREENSHOTS = os.environ.get("JOBQUEUE_SCREENSHOTS")
 HOSTILE_TYPE = "<script>window.__pwned = 1</script>"
 HOSTILE_ERROR = '"><img src=x onerror="window.__pwned = 2">'

@@ -27,7 +27,7 @@ async def test_the_browser_reads_the_schema_jobqueue_serve_serves(
 
 async def test_with_a_token_the_page_is_refused_without_it(
         serve: Serve, page: Page, console_errors: list[str]) -> None:
-    served = await serve(token="s3cret")
+    served = await serve(token="s3cret-smoke-token")
     refused = await page.goto(f"{served.url}/openapi.json")
     assert refused is not None and refused.status == 401
     assert "bearer token" in await page.locator("body").inner_text()

@@ -15,6 +15,7 @@ something, a same-origin browser and the form's CSRF token; a small body.
 # No `from __future__ import annotations`: FastAPI reads the routes'
 # annotations, and `Conn` is local to create_dashboard.
 
+import math
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime
@@ -34,6 +35,7 @@ from jobqueue.errors import MIGRATE_HINT, is_connection_error, is_missing_schema
 from jobqueue.ops import actions, horizon
 from jobqueue.ops.dashboard import auth, charts, overview, pages
 from jobqueue.ops.origin import SAFE_METHODS, cross_origin
+from jobqueue.ops.throttle import Throttle, client_address
 from jobqueue.ops.token import FROM_ENV, resolve
 
 __all__ = ["create_dashboard"]
@@ -288,12 +290,14 @@ def _before(text: str | None) -> datetime | None:
 
 
 def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
-                     cancel_wait: float = 2.0, overview_ttl: float = 1.5) -> APIRouter:
+                     cancel_wait: float = 2.0, overview_ttl: float = 1.5,
+                     throttle: Throttle | None = None) -> APIRouter:
     """The dashboard's routes: `/` and `/dashboard/…` of the router they join.
 
     connection: the dependency that yields a connection (the API's). token:
     as `create_router`'s. cancel_wait: seconds a cancel waits for a running
     job's worker. overview_ttl: how stale the overview's shared reading may be.
+    throttle: counts each client's wrong tokens (`jobqueue.ops.throttle`).
     """
     route = type("JobqueueDashboardRoute", (_DashboardRoute,), {"token": token})
     Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
@@ -339,7 +343,7 @@ def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
         return await _job(request, conn, _job_id(job_id), done=_done(request))
 
     _add_actions(r, Conn, cancel_wait)
-    _add_login(open_r, Conn)
+    _add_login(open_r, Conn, Throttle() if throttle is None else throttle)
     both = APIRouter(include_in_schema=False)
     both.include_router(r)
     both.include_router(open_r)
@@ -379,7 +383,7 @@ def _add_actions(r: APIRouter, Conn: Any, cancel_wait: float) -> None:  # noqa: 
         return await _queue_action(request, conn, name, queues.resume, "resumed")
 
 
-def _add_login(open_r: APIRouter, Conn: Any) -> None:  # noqa: N803
+def _add_login(open_r: APIRouter, Conn: Any, throttle: Throttle) -> None:  # noqa: N803
     """The login form, logout, the stylesheet and the script: no session needed."""
 
     @open_r.get("/dashboard/login", name="jobqueue_dashboard_login")
@@ -393,7 +397,14 @@ def _add_login(open_r: APIRouter, Conn: Any) -> None:  # noqa: N803
         token = request.state.token
         if token is None:
             return RedirectResponse(request.url_for("jobqueue_dashboard").path, 303)
+        client = client_address(request)
+        wait = throttle.wait(client)
+        if wait:
+            return _render(request, "login.html", 429, title="Log in",
+                           error=f"Too many wrong tokens from this address: try again in "
+                                 f"{math.ceil(wait)} s.")
         if not auth.token_matches(request.state.form.get("token", ""), token):
+            throttle.failed(client)
             return _render(request, "login.html", 401, title="Log in",
                            error="That is not the token.")
         response = RedirectResponse(request.url_for("jobqueue_dashboard").path, 303)
