@@ -62,6 +62,13 @@ def is_missing_schema(exc: BaseException) -> bool:
                for e in _causes(exc))
 
 
+def is_statement_timeout(exc: BaseException) -> bool:
+    """True when the server ended a statement that ran past its
+    statement_timeout (SQLSTATE 57014): the read was too heavy, the
+    connection is fine."""
+    return any(isinstance(e, asyncpg.QueryCanceledError) for e in _causes(exc))
+
+
 def is_timeout(exc: BaseException) -> bool:
     """True when the client gave up waiting (its own timeout): the server did
     not answer at all, unlike a statement timeout, which is its answer."""

@@ -158,8 +158,12 @@ async def test_the_active_worker_is_reported(client: httpx.AsyncClient, db_url: 
     finally:
         runner.stop()
         await asyncio.wait_for(task, 30)
-    s = await scrape(client)
-    assert value(s, "jobqueue_workers", state="active") == 0
+
+    async def gone() -> Samples | None:  # a scrape may be a second old (api.SHARED_TTL)
+        s = await scrape(client)
+        return s if value(s, "jobqueue_workers", state="active") == 0 else None
+
+    s = await wait_for(gone, timeout=10, message="no active worker in the metrics")
     assert not any(name == "jobqueue_active_worker_info" for name, _ in s)
 
 
@@ -301,3 +305,28 @@ async def test_without_waiting_jobs_nothing_is_unserved(conn: asyncpg.Connection
     summary = await report.queue_summary(conn, window=300)
     assert summary["unserved"] == [] and [q["queue"] for q in summary["queues"]] == ["default"]
     assert "no live worker" not in format_summary(summary)
+
+
+async def test_job_types_past_the_hundred_with_most_jobs_are_summed_as_other(
+        client: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+    """Issue 31, item 5: any client could enqueue endless new types, each a
+    new series of every per-type family."""
+    from jobqueue.ops.metrics import MAX_JOB_TYPES, OTHER_TYPES
+
+    # 100 types of 3 jobs each, then 150 types of one job: 250 in all.
+    await conn.execute("""
+        INSERT INTO jobs (job_type, payload)
+        SELECT CASE WHEN g <= 300 THEN 'big_' || (g % 100) ELSE 'one_' || g END, '{}'
+        FROM generate_series(1, 450) AS g""")
+    s = await scrape(client)
+    named = {dict(labels)["job_type"] for name, labels in s if name == "jobqueue_jobs"}
+    assert len(named) == MAX_JOB_TYPES + 1 and OTHER_TYPES in named
+    assert {f"big_{i}" for i in range(100)} <= named  # the ones with most jobs keep their name
+    assert value(s, "jobqueue_jobs", status="pending", queue="default",
+                 job_type=OTHER_TYPES) == 150
+    total = sum(v for (name, labels), v in s.items()
+                if name == "jobqueue_jobs" and dict(labels)["status"] == "pending")
+    assert total == 450  # nothing lost in the sum
+    unserved = {dict(labels)["job_type"] for name, labels in s
+                if name == "jobqueue_unserved_jobs"}
+    assert len(unserved) == MAX_JOB_TYPES + 1

@@ -115,10 +115,16 @@ from jobqueue.enqueue import (
     encode_payload,
     try_enqueue,
 )
-from jobqueue.errors import MIGRATE_HINT, is_connection_error, is_missing_schema
+from jobqueue.errors import (
+    MIGRATE_HINT,
+    is_connection_error,
+    is_missing_schema,
+    is_statement_timeout,
+)
 from jobqueue.ops import actions, held, metrics, routing
 from jobqueue.ops.dashboard import create_dashboard
-from jobqueue.ops.origin import ANY_HOST, HostGuard, cross_origin
+from jobqueue.ops.origin import ANY_HOST, SAFE_METHODS, HostGuard, cross_origin
+from jobqueue.ops.reads import READ_TIMEOUT, TIMEOUT_HINT, Shared, bounded
 from jobqueue.ops.throttle import Throttle, client_address
 from jobqueue.ops.token import FROM_ENV, TOKEN_ENV, check, resolve
 from jobqueue.registry import HandlerRegistry
@@ -140,6 +146,11 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "TOKEN_ENV", "create_app", "create_router",
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 #: Most jobs one `GET /jobs` page holds.
 PAGE_LIMIT = 500
+#: Most jobs one `GET /jobs` page looks at (`queries.sql: api_list_jobs`):
+#: with filters that match few, a page is bounded, not the table.
+PAGE_SCAN = 10_000
+#: Seconds one reading of `/metrics` and of `/queues` serves every client.
+SHARED_TTL = 1.0
 #: How long `DELETE /jobs/{id}` waits for a running job's worker to stop it.
 DEFAULT_CANCEL_WAIT = 2.0
 
@@ -364,21 +375,17 @@ class Limits(BaseModel):
         return None if value is None else str(queues.parse_rate(value))
 
 
-def _encode_cursor(created_at: datetime, job_id: uuid.UUID) -> str:
-    raw = f"{created_at.isoformat()}|{job_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+def _encode_cursor(job_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(str(job_id).encode()).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+def _decode_cursor(cursor: str) -> uuid.UUID:
+    """The id a page ended at. (A cursor of the earlier `created_at|id` form
+    still works: its id is where it ended.)"""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created, job_id = raw.split("|")
-        at = datetime.fromisoformat(created)
-        if at.tzinfo is None:
-            raise ValueError
-        at.astimezone(UTC)
-        return at, uuid.UUID(job_id)
-    except (ValueError, UnicodeDecodeError, binascii.Error, OverflowError):
+        return uuid.UUID(raw.rsplit("|", 1)[-1])
+    except (ValueError, UnicodeDecodeError, binascii.Error):
         raise HTTPException(422, "before is not a cursor from a previous page's `next`") \
             from None
 
@@ -405,13 +412,19 @@ class _GuardedRoute(APIRoute):
     token: Any = _FROM_ENV
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     throttle: Throttle
+    read_timeout: float = READ_TIMEOUT
+    #: Readings shared by clients, read afresh after a change made here.
+    shared: tuple[Shared[Any], ...] = ()
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
         token, limit, throttle = self.token, self.max_body_bytes, self.throttle
+        read_timeout, shared = self.read_timeout, self.shared
 
         async def guarded(request: Request) -> Response:
             response = await answer(request)
+            if request.method not in SAFE_METHODS and response.status_code < 400:
+                _forget(shared)  # a change made here shows at once
             # JSON is never to be read as anything else (a browser sniffing
             # a payload of HTML would render it).
             response.headers["X-Content-Type-Options"] = "nosniff"
@@ -435,13 +448,28 @@ class _GuardedRoute(APIRoute):
             except ValueError as exc:  # a check that ran outside pydantic
                 return _problem(422, str(exc))
             except Exception as exc:
-                if is_connection_error(exc):
-                    return _problem(503, "the database is unavailable; try again later")
-                if is_missing_schema(exc):
-                    return _problem(503, MIGRATE_HINT)
-                raise
+                problem = _database_problem(exc, read_timeout)
+                if problem is None:
+                    raise
+                return problem
 
         return guarded
+
+
+def _forget(shared: tuple[Shared[Any], ...]) -> None:
+    for reading in shared:
+        reading.forget()
+
+
+def _database_problem(exc: Exception, read_timeout: float) -> Response | None:
+    """A 503 saying what the database could not do (None: not its fault)."""
+    if is_connection_error(exc):
+        return _problem(503, "the database is unavailable; try again later")
+    if is_missing_schema(exc):
+        return _problem(503, MIGRATE_HINT)
+    if is_statement_timeout(exc):
+        return _problem(503, TIMEOUT_HINT.format(seconds=read_timeout))
+    return None
 
 
 def _token_refusal(request: Request, expected: str | None,
@@ -574,6 +602,7 @@ def create_router(
     cancel_wait: float = DEFAULT_CANCEL_WAIT,
     dashboard: bool = True,
     throttle: Throttle | None = None,
+    read_timeout: float = READ_TIMEOUT,
 ) -> APIRouter:
     """The API's routes, for `app.include_router(...)`, and the dashboard's.
 
@@ -587,13 +616,17 @@ def create_router(
     throttle: counts each client's wrong tokens, the API's and the
         dashboard login's together (`jobqueue.ops.throttle`); a new one
         by default.
+    read_timeout: seconds each read (of the API and the dashboard) may run
+        before the database stops it; the answer is then a 503.
     """
     if token is not _FROM_ENV:
         check(token)
     throttle = Throttle() if throttle is None else throttle
+    queue_list, scrapes = _shared_readings()
     route_class = type("JobqueueRoute", (_GuardedRoute,),
                        {"token": token, "max_body_bytes": max_body_bytes,
-                        "throttle": throttle})
+                        "throttle": throttle, "read_timeout": read_timeout,
+                        "shared": (queue_list, scrapes)})
     connection = get_connection if engine is None else _engine_dependency(engine)
     Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
     r = APIRouter(route_class=route_class, responses=_ERRORS,
@@ -620,7 +653,8 @@ def create_router(
            summary="One job: status, attempts, error history, result, timestamps",
            responses={404: {"model": Problem}}, tags=["jobs"])
     async def get_job(job_id: uuid.UUID, conn: Conn) -> Response:
-        job = await _fetch_job(conn, job_id)
+        async with bounded(conn, read_timeout):
+            job = await _fetch_job(conn, job_id)
         if job is None:
             raise _not_found(job_id)
         return job
@@ -635,7 +669,9 @@ def create_router(
         limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT, description="jobs per page")] = 50,
         before: Annotated[str | None, Query(description="`next` of the previous page")] = None,
     ) -> JSONResponse:
-        return JSONResponse(await _page(conn, status, job_type, queue, limit, before))
+        async with bounded(conn, read_timeout):
+            page = await _page(conn, status, job_type, queue, limit, before)
+        return JSONResponse(page)
 
     @r.post("/jobs/{job_id}/retry", response_model=Job, name="jobqueue_retry_job",
             summary="Run a failed job again",
@@ -645,7 +681,7 @@ def create_router(
                         "its unique key.",
             responses={404: {"model": Problem}, 409: {"model": Problem}}, tags=["jobs"])
     async def retry_job(job_id: uuid.UUID, conn: Conn) -> Response:
-        return await _retry(conn, job_id)
+        return await _retry(conn, job_id, read_timeout)
 
     @r.delete("/jobs/{job_id}", response_model=Job, name="jobqueue_cancel_job",
               summary="Cancel a job: at once if it waits, else ask its worker to stop it",
@@ -666,23 +702,40 @@ def create_router(
         reason: Annotated[str | None, Query(
             max_length=control.REASON_MAX_LENGTH, description="kept in error_message")] = None,
     ) -> Response:
-        return await _cancel(conn, job_id, reason, cancel_wait)
+        return await _cancel(conn, job_id, reason, cancel_wait, read_timeout)
 
-    _add_queue_routes(r, Conn)
+    _add_queue_routes(r, Conn, queue_list, read_timeout)
     if dashboard:
         r.include_router(create_dashboard(connection, token=token, cancel_wait=cancel_wait,
-                                          throttle=throttle))
+                                          throttle=throttle, read_timeout=read_timeout,
+                                          routes=queue_list))
 
     @r.get("/metrics", name="jobqueue_metrics", summary="Prometheus metrics",
            response_class=Response, tags=["observability"],
            responses={200: {"content": {metrics.CONTENT_TYPE_LATEST: {}}}})
     async def scrape(conn: Conn) -> Response:
-        return Response(await metrics.render(conn), media_type=metrics.CONTENT_TYPE_LATEST)
+        async with bounded(conn, read_timeout):
+            body = await scrapes.get(conn)
+        return Response(body, media_type=metrics.CONTENT_TYPE_LATEST)
 
     return r
 
 
-def _add_queue_routes(r: APIRouter, Conn: Any) -> None:  # noqa: N803 - a type alias
+def _shared_readings() -> tuple[Shared[routing.Routing], Shared[bytes]]:
+    """The pass over the whole table behind `GET /queues`, `GET /metrics`
+    and the dashboard's overview, made once a second at most however many
+    clients ask, and the metrics' text, rendered once for all of them. The
+    caller holds a `bounded` transaction."""
+    routes = Shared(routing.read, SHARED_TTL)
+
+    async def read_metrics(conn: Executor) -> bytes:
+        return metrics.exposition(await metrics.snapshot(conn, routes=await routes.get(conn)))
+
+    return routes, Shared(read_metrics, SHARED_TTL)
+
+
+def _add_queue_routes(r: APIRouter, Conn: Any,  # noqa: N803 - a type alias
+                      queue_list: Shared[routing.Routing], read_timeout: float) -> None:
     """`GET /queues` and the routes that change a queue's settings."""
 
     @r.get("/queues", response_model=QueueList, name="jobqueue_list_queues",
@@ -691,7 +744,8 @@ def _add_queue_routes(r: APIRouter, Conn: Any) -> None:  # noqa: N803 - a type a
                        "that no live worker takes (no worker serves their queue with a "
                        "handler for their type), which is why they wait.", tags=["queues"])
     async def list_queues(conn: Conn) -> dict[str, Any]:
-        routes = await routing.read(conn)
+        async with bounded(conn, read_timeout):
+            routes = await queue_list.get(conn)
         return {"queues": routes.queues(), "unserved": routes.unserved()}
 
     @r.post("/queues/{name}/pause", response_model=QueueSettings, name="jobqueue_pause_queue",
@@ -726,30 +780,32 @@ async def _page(conn: Executor, status: JobStatus | None, job_type: str | None,
         _check_text(check_job_type(job_type), "job_type")
     if queue is not None:
         check_queue(queue)
-    cursor: tuple[datetime | None, uuid.UUID | None] = (None, None)
-    if before is not None:
-        cursor = _decode_cursor(before)
+    cursor = None if before is None else _decode_cursor(before)
+    window = {"before_id": cursor, "scan": max(PAGE_SCAN, limit + 1)}
     result = await conn.execute(queries["api_list_jobs"].text, {
-        "status": None if status is None else status.value, "job_type": job_type,
-        "queue": queue,
-        "before_created_at": cursor[0], "before_id": cursor[1], "limit": limit + 1})
+        **window, "status": None if status is None else status.value, "job_type": job_type,
+        "queue": queue, "limit": limit + 1})
     rows = [dict(r) for r in result.mappings()]
+    # A short page ends where its look ended (None: at the oldest job).
+    scanned_to = None if len(rows) > limit else \
+        (await conn.execute(queries["api_list_scanned"].text, window)).scalar()
     holding = await held.read(conn)
     if status is not None and status.value == held.RUNNING:  # the table says waiting
-        rows = held.merged(rows, holding.running(queue=queue, job_type=job_type),
-                           key="created_at", before=cursor if before else None,
-                           limit=limit + 1)
+        running = [r for r in holding.running(queue=queue, job_type=job_type)
+                   if scanned_to is None or r["id"] > scanned_to]
+        rows = held.merged(rows, running, key="id",
+                           before=None if cursor is None else (cursor, cursor), limit=limit + 1)
     more = len(rows) > limit  # one row past the page says whether another follows
-    last = rows[limit - 1] if more else None
     page = [holding.shown(row) for row in rows[:limit]]
     if status is not None:  # a held job a waiting status found is running
         page = [row for row in page if row["status"] == status.value]
+    end = rows[limit - 1]["id"] if more else scanned_to
     return {"jobs": [{k: _jsonable(row[k]) for k in JobSummary.model_fields} for row in page],
-            "next": None if last is None else _encode_cursor(last["created_at"], last["id"])}
+            "next": None if end is None else _encode_cursor(end)}
 
 
 async def _cancel(conn: Executor, job_id: uuid.UUID, reason: str | None,
-                  cancel_wait: float) -> Response:
+                  cancel_wait: float, read_timeout: float) -> Response:
     """`DELETE /jobs/{id}`: cancel, and if a worker has the job, wait a
     little for it to end (the answer says whether it did)."""
     try:
@@ -759,13 +815,14 @@ async def _cancel(conn: Executor, job_id: uuid.UUID, reason: str | None,
     except actions.Conflict as exc:
         raise HTTPException(409, str(exc)) from None
     status_code, extra = (200, {}) if ended else (202, {"cancelling": True})
-    job = await _fetch_job(conn, job_id, status_code, **extra)
+    async with bounded(conn, read_timeout):
+        job = await _fetch_job(conn, job_id, status_code, **extra)
     if job is None:  # deleted meanwhile
         raise _not_found(job_id)
     return job
 
 
-async def _retry(conn: Executor, job_id: uuid.UUID) -> Response:
+async def _retry(conn: Executor, job_id: uuid.UUID, read_timeout: float) -> Response:
     """`POST /jobs/{id}/retry`: 404 for no such job, 409 for one that is not
     failed or whose unique key another unfinished job now holds."""
     try:
@@ -774,7 +831,8 @@ async def _retry(conn: Executor, job_id: uuid.UUID) -> Response:
         raise HTTPException(404, str(exc)) from None
     except actions.Conflict as exc:
         raise HTTPException(409, str(exc)) from None
-    job = await _fetch_job(conn, job_id)
+    async with bounded(conn, read_timeout):
+        job = await _fetch_job(conn, job_id)
     if job is None:  # deleted meanwhile
         raise _not_found(job_id)
     return job
@@ -803,6 +861,7 @@ def create_app(
     cancel_wait: float = DEFAULT_CANCEL_WAIT,
     allowed_hosts: Sequence[str] | None = None,
     throttle: Throttle | None = None,
+    read_timeout: float = READ_TIMEOUT,
 ) -> FastAPI:
     """The API as an application (what `jobqueue serve` runs).
 
@@ -812,7 +871,7 @@ def create_app(
     allowed_hosts: the Host names it answers to (`origin.HostGuard`: names,
         `*.domain`, `*`). None: loopback names without a token, any with one.
         A page on a name rebound to 127.0.0.1 is refused (DNS rebinding).
-    throttle: as `create_router`'s.
+    throttle, read_timeout: as `create_router`'s.
     A token shorter than `token.MIN_LENGTH` is a ValueError.
     """
     if token is _FROM_ENV:
@@ -832,7 +891,7 @@ def create_app(
     app.state.jobqueue_engine = engine
     app.include_router(create_router(engine, registry=registry, token=token,
                                      max_body_bytes=max_body_bytes, cancel_wait=cancel_wait,
-                                     throttle=throttle))
+                                     throttle=throttle, read_timeout=read_timeout))
     app.include_router(_docs_router(app, token, max_body_bytes, throttle))
     if allowed_hosts is None and token is not None:
         allowed_hosts = [ANY_HOST]

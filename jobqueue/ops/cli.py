@@ -29,6 +29,7 @@ from jobqueue import db
 from jobqueue.errors import MIGRATE_HINT, is_missing_schema
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.ops.logs import FORMATS, configure_logging, printable_values
+from jobqueue.ops.reads import READ_TIMEOUT
 from jobqueue.ops.token import TOKEN_ENV
 from jobqueue.worker import (
     DEFAULT_BATCH_SIZE,
@@ -323,13 +324,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be between 0 and 65535, not {args.port}")
     if args.max_body_bytes < 1:
         raise CliError("--max-body-bytes must be at least 1")
+    if not 0.001 <= args.read_timeout <= 3600:
+        raise CliError(f"--read-timeout must be between 0.001 and 3600 seconds, not "
+                       f"{args.read_timeout:g}")
     if not is_loopback(args.host) and not os.environ.get(TOKEN_ENV):
         raise CliError(f"refusing to serve on {args.host} without {TOKEN_ENV}: anyone who "
                        "can reach it could enqueue, retry and cancel jobs and pause queues; "
                        "set the token, or serve on 127.0.0.1 behind a proxy of your own")
     try:
         app = create_app(use_database(), max_body_bytes=args.max_body_bytes,
-                         allowed_hosts=args.allowed_hosts)
+                         allowed_hosts=args.allowed_hosts, read_timeout=args.read_timeout)
     except ValueError as e:  # a token too short to be a secret
         raise CliError(str(e)) from None
     # uvicorn finishes open requests on SIGTERM, then raises the signal again
@@ -702,6 +706,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Host name to answer to (repeatable; *.example.org for its "
                         "subdomains); default: loopback names only without "
                         f"{TOKEN_ENV}, any with it")
+    s.add_argument("--read-timeout", type=float, default=READ_TIMEOUT, metavar="SECONDS",
+                   help="how long each read of the API and the dashboard may run before "
+                        f"the database stops it and the answer is a 503 (default {READ_TIMEOUT:g})")
     s.add_argument("--forwarded-allow-ips", metavar="IPS",
                    help="addresses of the reverse proxies whose X-Forwarded-For and "
                         "X-Forwarded-Proto to believe (comma-separated, as uvicorn's); "

@@ -11,6 +11,10 @@ Gauges:
 
 - `jobqueue_jobs{status, queue, job_type}`: jobs in each state (every state
   of every queue and type present, zeros included).
+
+Every `job_type` label names one of the `MAX_JOB_TYPES` (100) types with
+most jobs; the others are summed under `job_type="(other types)"`, so a
+client that enqueues endless new types cannot make endless series.
 - `jobqueue_queue_paused{queue}`: 1 for a paused queue, 0 otherwise (every
   queue with jobs or settings); `jobqueue_queue_concurrency_limit{queue}` and
   `jobqueue_queue_rate_limit_per_second{queue}`: a queue's limits, only for
@@ -54,7 +58,7 @@ does), or `QueueCollector(await snapshot(conn))` in a registry of your own.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -69,7 +73,7 @@ from jobqueue.schema.models import STATUS_VALUES
 from jobqueue.schema.queries import queries
 
 __all__ = ["BUCKETS", "CONTENT_TYPE_LATEST", "WINDOW_SECONDS", "QueueCollector", "Snapshot",
-           "render", "snapshot"]
+           "exposition", "render", "snapshot"]
 
 #: Recent figures (throughput, errors, latency histograms) cover this many seconds.
 WINDOW_SECONDS = 60.0
@@ -77,6 +81,11 @@ WINDOW_SECONDS = 60.0
 BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                               1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 WORKER_STATES = ("standby", "active", "shared")
+#: Most job types named in labels: the API takes any job type, and each new
+#: one would be a new series of every per-type family. Beyond these (the
+#: ones with most jobs), the rest are summed under `OTHER_TYPES`.
+MAX_JOB_TYPES = 100
+OTHER_TYPES = "(other types)"
 
 
 @dataclass
@@ -91,6 +100,10 @@ class Histogram:
         # len - k (the last, +Inf, when k is 0).
         self.counts[len(BUCKETS) - bounds_at_or_above] += n
         self.total += total
+
+    def merge(self, other: Histogram) -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.total += other.total
 
     def cumulative(self) -> list[tuple[str, float]]:
         out, seen = [], 0
@@ -119,10 +132,12 @@ class Snapshot:
     window: float = WINDOW_SECONDS
 
 
-async def snapshot(conn: AsyncConnection | AsyncSession,
-                   window: float = WINDOW_SECONDS) -> Snapshot:
-    """Read everything the metrics report, in six queries."""
-    snap = Snapshot(window=window, routing=await routing.read(conn))
+async def snapshot(conn: AsyncConnection | AsyncSession, window: float = WINDOW_SECONDS,
+                   routes: Routing | None = None) -> Snapshot:
+    """Read everything the metrics report, in six queries (five with
+    `routes`, a reading of `routing.read` made already)."""
+    snap = Snapshot(window=window,
+                    routing=await routing.read(conn) if routes is None else routes)
     health = (await conn.execute(queries["queue_health"].text)).one()
     snap.oldest_pending_age = max(float(health.oldest_pending_age or 0), 0.0)
     snap.live_tuples = int(health.live_tuples or 0)
@@ -149,11 +164,30 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
-def _by_type(name: str, doc: str, values: dict[str, int], types: list[str]) -> Metric:
+def _by_type(name: str, doc: str, values: dict[str, int], types: list[str],
+             label: Callable[[str], str]) -> Metric:
     family = GaugeMetricFamily(name, doc, labels=["job_type"])
+    summed: dict[str, int] = defaultdict(int)
+    for job_type, n in values.items():
+        summed[label(job_type)] += n
     for job_type in types:
-        family.add_metric([job_type], values.get(job_type, 0))
+        family.add_metric([job_type], summed.get(job_type, 0))
     return family
+
+
+def _labeller(snap: Snapshot) -> Callable[[str], str]:
+    """A job type's label: itself among the `MAX_JOB_TYPES` with most jobs
+    (waiting, running, finished, recent), else `OTHER_TYPES`."""
+    weight: dict[str, int] = defaultdict(int)
+    for g in snap.routing.groups:
+        weight[g.job_type] += g.n
+    for counts in (snap.completed, snap.failed, snap.failed_attempts):
+        for job_type, n in counts.items():
+            weight[job_type] += n
+    if len(weight) <= MAX_JOB_TYPES:
+        return lambda job_type: job_type
+    named = set(sorted(weight, key=lambda t: (-weight[t], t))[:MAX_JOB_TYPES])
+    return lambda job_type: job_type if job_type in named else OTHER_TYPES
 
 
 class QueueCollector(Collector):
@@ -161,6 +195,7 @@ class QueueCollector(Collector):
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
+        self.label: Callable[[str], str] = _labeller(snap)
 
     def _horizon(self) -> Iterator[Metric]:
         h = self.snap.horizon
@@ -182,14 +217,17 @@ class QueueCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self.snap
         groups = s.routing.groups
-        types = sorted({g.job_type for g in groups} | set(s.completed) | set(s.failed)
-                       | set(s.failed_attempts))
+        label = self.label
+        types = sorted({label(t) for t in {g.job_type for g in groups} | set(s.completed)
+                        | set(s.failed) | set(s.failed_attempts)})
 
         jobs = GaugeMetricFamily("jobqueue_jobs", "Jobs in each state, by queue and type.",
                                  labels=["status", "queue", "job_type"])
-        counts = {(g.status, g.queue, g.job_type): g.n for g in groups}
+        counts: dict[tuple[str, str, str], int] = defaultdict(int)
+        for g in groups:
+            counts[g.status, g.queue, label(g.job_type)] += g.n
         # Every state of every (queue, type) present, zeros included.
-        for queue, job_type in sorted({(g.queue, g.job_type) for g in groups}):
+        for queue, job_type in sorted({(g.queue, label(g.job_type)) for g in groups}):
             for status in STATUS_VALUES:
                 jobs.add_metric([status, queue, job_type],
                                 counts.get((status, queue, job_type), 0))
@@ -214,14 +252,16 @@ class QueueCollector(Collector):
         yield _gauge("jobqueue_recent_window_seconds",
                      "The window the *_recent metrics and latency histograms cover.", s.window)
         yield _by_type("jobqueue_completed_recent",
-                       "Jobs completed in the recent window.", s.completed, types)
+                       "Jobs completed in the recent window.", s.completed, types, label)
         yield _by_type("jobqueue_failed_recent",
-                       "Jobs that failed for good in the recent window.", s.failed, types)
+                       "Jobs that failed for good in the recent window.", s.failed, types,
+                       label)
         yield _by_type("jobqueue_failed_attempts_recent",
-                       "Failed attempts (errors) in the recent window.", s.failed_attempts, types)
+                       "Failed attempts (errors) in the recent window.", s.failed_attempts, types,
+                       label)
         yield _by_type("jobqueue_retries_recent",
                        "Failed attempts in the recent window that were scheduled again.",
-                       s.retries, types)
+                       s.retries, types, label)
         finished = sum(s.completed.values()) + sum(s.failed.values())
         yield _gauge("jobqueue_throughput_jobs_per_second",
                      "Jobs finished (completed or failed for good) per second over the "
@@ -235,8 +275,11 @@ class QueueCollector(Collector):
              "Run time of the last attempt, for jobs finished in the recent window.", s.run),
         ):
             family = GaugeHistogramMetricFamily(name, doc, labels=["job_type"])
-            for job_type in sorted(hists):
-                h = hists[job_type]
+            merged: dict[str, Histogram] = defaultdict(Histogram)
+            for job_type, h in hists.items():
+                merged[label(job_type)].merge(h)
+            for job_type in sorted(merged):
+                h = merged[job_type]
                 family.add_metric([job_type], h.cumulative(), gsum_value=h.total)
             yield family
 
@@ -273,11 +316,17 @@ class QueueCollector(Collector):
             "jobqueue_unserved_oldest_age_seconds",
             "Seconds the earliest due job that no live worker takes has been due; 0: none.",
             labels=["queue", "job_type"])
-        found = {(u["queue"], u["job_type"]): u for u in self.snap.routing.unserved()}
-        for key in sorted({(g.queue, g.job_type) for g in self.snap.routing.groups if g.due}):
-            u = found.get(key)
-            unserved.add_metric(list(key), 0 if u is None else u["count"])
-            oldest.add_metric(list(key), 0 if u is None else u["oldest_due_age_seconds"])
+        label = self.label
+        found: dict[tuple[str, str], list[float]] = {}
+        for u in self.snap.routing.unserved():
+            count_age = found.setdefault((u["queue"], label(u["job_type"])), [0, 0.0])
+            count_age[0] += u["count"]
+            count_age[1] = max(count_age[1], u["oldest_due_age_seconds"])
+        for key in sorted({(g.queue, label(g.job_type))
+                           for g in self.snap.routing.groups if g.due}):
+            count, age = found.get(key, [0, 0.0])
+            unserved.add_metric(list(key), count)
+            oldest.add_metric(list(key), age)
         yield unserved
         yield oldest
 
@@ -308,6 +357,11 @@ class QueueCollector(Collector):
 async def render(conn: AsyncConnection | AsyncSession,
                  window: float = WINDOW_SECONDS) -> bytes:
     """The metrics in Prometheus' text format (`CONTENT_TYPE_LATEST`)."""
+    return exposition(await snapshot(conn, window))
+
+
+def exposition(snap: Snapshot) -> bytes:
+    """A snapshot in Prometheus' text format (`CONTENT_TYPE_LATEST`)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(QueueCollector(await snapshot(conn, window)))
+    registry.register(QueueCollector(snap))
     return generate_latest(registry)

@@ -846,23 +846,43 @@ WHERE pg_xact_status(CAST(CAST(b.xid AS text) AS xid8)) = 'in progress'
 -- ---- HTTP API and observability ----
 
 -- api_list_jobs --
--- A page of jobs, newest first, optionally of one status, type and queue. Keyset
--- pagination: (:before_created_at, :before_id) is the last row of the previous
--- page (NULL for the first), so a deep page costs what the first one does and
--- jobs added meanwhile never shift a page (each job shows up once).
+-- A page of jobs, newest first, optionally of one status, type and queue.
+-- Newest first is the primary key backwards: ids sort in the order jobs were
+-- made (`jobqueue_id`), so no index more for the hot path to keep up, and no
+-- sort of the table. Keyset pagination: :before_id is where the previous page
+-- ended (NULL for the first), so a deep page costs what the first one does
+-- and jobs added meanwhile never shift a page (each job shows up once). A page
+-- looks at :scan jobs at most, whatever the filters match: it can hold fewer
+-- than :limit, even none, and `api_list_scanned` then says where the next
+-- one goes on. (COALESCE, not `IS NULL OR`: a generic plan keeps it an index
+-- condition.)
 SELECT id, job_type, queue, priority, timeout, status, retry_count, max_retries, run_at,
        next_retry_at, error_message, created_at, started_at, completed_at,
        jsonb_array_length(error_history)
            + CASE WHEN status IN ('processing', 'completed') THEN 1 ELSE 0 END AS attempts,
        worker_id
-FROM jobs
+FROM (SELECT id, job_type, queue, priority, timeout, status, retry_count, max_retries, run_at,
+             next_retry_at, error_message, created_at, started_at, completed_at,
+             error_history, worker_id
+      FROM jobs
+      WHERE id < COALESCE(CAST(:before_id AS uuid), 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+      ORDER BY id DESC
+      LIMIT :scan) AS j
 WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
   AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
   AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
-  AND (CAST(:before_created_at AS timestamptz) IS NULL
-       OR (created_at, id) < (CAST(:before_created_at AS timestamptz), CAST(:before_id AS uuid)))
-ORDER BY created_at DESC, id DESC
+ORDER BY id DESC
 LIMIT :limit;
+
+-- api_list_scanned --
+-- The last job a page of `api_list_jobs` looked at, when it looked at all
+-- :scan it may (no row: it reached the oldest job). The next page goes on
+-- after it.
+SELECT id FROM jobs
+WHERE id < COALESCE(CAST(:before_id AS uuid), 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+ORDER BY id DESC
+OFFSET :scan - 1
+LIMIT 1;
 
 -- job_status --
 -- One job's status; no row: no such job.
@@ -1310,3 +1330,8 @@ SELECT EXISTS (SELECT FROM jobqueue_sessions WHERE digest = :digest AND expires_
 -- session_end --
 -- Logging out: the session ends for every process that serves the dashboard.
 DELETE FROM jobqueue_sessions WHERE digest = :digest;
+
+-- read_timeout --
+-- The statement timeout of an operator's read (the API, the dashboard), for
+-- the rest of its transaction only: the connection may be the caller's own.
+SELECT set_config('statement_timeout', :timeout, true);

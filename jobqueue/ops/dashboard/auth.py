@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from starlette.requests import Request
 from starlette.responses import Response
 
+from jobqueue.ops.reads import bounded
 from jobqueue.schema.queries import queries
 
 __all__ = ["CSRF_COOKIE", "CSRF_FIELD", "SESSION_COOKIE", "SESSION_SECONDS", "csrf_ok",
@@ -69,7 +70,7 @@ async def session_valid(request: Request, conn: Executor, token: str) -> bool:
     secret = _secret(request)
     if secret is None:
         return False
-    async with conn.begin():
+    async with bounded(conn, request.state.read_timeout):
         found = await conn.execute(queries["session_valid"].text,
                                    {"digest": _digest(token, secret)})
         return bool(found.scalar())

@@ -15,9 +15,7 @@ idx_jobs_finished, not ten minutes of them.
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -25,6 +23,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from jobqueue.ops import horizon, routing
+from jobqueue.ops.reads import READ_TIMEOUT, Shared, bounded
+from jobqueue.ops.routing import Routing
 from jobqueue.schema.queries import queries
 
 __all__ = ["Bucket", "Overview", "Series", "Snapshot"]
@@ -124,23 +124,19 @@ class Snapshot:
 class Overview:
     """The latest `Snapshot`, re-read when older than `ttl` seconds."""
 
-    def __init__(self, ttl: float = 1.5, width: float = 10.0, span: float = 600.0) -> None:
-        self.ttl = ttl
+    def __init__(self, ttl: float = 1.5, width: float = 10.0, span: float = 600.0,
+                 timeout: float = READ_TIMEOUT, routes: Shared[Routing] | None = None) -> None:
+        self.ttl, self.timeout = ttl, timeout
+        self._routes = Shared(routing.read, ttl) if routes is None else routes
         self._series = Series(width, span)
-        self._lock = asyncio.Lock()
-        self._snapshot: Snapshot | None = None
-        self._taken = 0.0
+        self._shared = Shared(self._read, ttl)
 
     async def get(self, conn: Executor) -> Snapshot:
-        async with self._lock:
-            if self._snapshot is None or time.monotonic() - self._taken >= self.ttl:
-                self._snapshot = await self._read(conn)
-                self._taken = time.monotonic()
-            return self._snapshot
+        return await self._shared.get(conn)
 
     async def _read(self, conn: Executor) -> Snapshot:
-        async with conn.begin():
-            routes = await routing.read(conn)
+        async with bounded(conn, self.timeout):
+            routes = await self._routes.get(conn)
             health = dict((await conn.execute(queries["queue_health"].text)).mappings().one())
             holder = await horizon.oldest(conn)
             await self._series.refresh(conn)

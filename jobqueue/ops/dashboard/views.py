@@ -31,10 +31,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from jobqueue import __version__, queues
 from jobqueue.enqueue import check_job_type, check_queue
-from jobqueue.errors import MIGRATE_HINT, is_connection_error, is_missing_schema
+from jobqueue.errors import (
+    MIGRATE_HINT,
+    is_connection_error,
+    is_missing_schema,
+    is_statement_timeout,
+)
 from jobqueue.ops import actions, horizon
 from jobqueue.ops.dashboard import auth, charts, overview, pages
 from jobqueue.ops.origin import SAFE_METHODS, cross_origin
+from jobqueue.ops.reads import READ_TIMEOUT, TIMEOUT_HINT, Shared, bounded
+from jobqueue.ops.routing import Routing
 from jobqueue.ops.throttle import Throttle, client_address
 from jobqueue.ops.token import FROM_ENV, resolve
 
@@ -133,14 +140,16 @@ class _DashboardRoute(APIRoute):
     session is looked up on the connection the page then uses."""
 
     token: Any = FROM_ENV
+    read_timeout: float = READ_TIMEOUT
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
-        token_setting = self.token
+        token_setting, read_timeout = self.token, self.read_timeout
 
         async def guarded(request: Request) -> Response:
             request.scope["jobqueue_dashboard_root"] = request.url_for("jobqueue_dashboard").path
             request.state.token = resolve(token_setting)
+            request.state.read_timeout = read_timeout
             request.state.logged_in = False
             request.state.form = {}
             try:
@@ -156,6 +165,9 @@ class _DashboardRoute(APIRoute):
                     response = _message_page(request, 503, "The database is unavailable; this "
                                                            "page will work again once it is "
                                                            "back.")
+                elif is_statement_timeout(exc):
+                    response = _message_page(request, 503, TIMEOUT_HINT.format(
+                        seconds=read_timeout).capitalize() + ".")
                 else:
                     raise
             response.headers.update(SECURITY_HEADERS)
@@ -291,18 +303,24 @@ def _before(text: str | None) -> datetime | None:
 
 def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
                      cancel_wait: float = 2.0, overview_ttl: float = 1.5,
-                     throttle: Throttle | None = None) -> APIRouter:
+                     throttle: Throttle | None = None,
+                     read_timeout: float = READ_TIMEOUT,
+                     routes: Shared[Routing] | None = None) -> APIRouter:
     """The dashboard's routes: `/` and `/dashboard/…` of the router they join.
 
     connection: the dependency that yields a connection (the API's). token:
     as `create_router`'s. cancel_wait: seconds a cancel waits for a running
     job's worker. overview_ttl: how stale the overview's shared reading may be.
     throttle: counts each client's wrong tokens (`jobqueue.ops.throttle`).
+    read_timeout: seconds each page's reads may run (`jobqueue.ops.reads`).
+    routes: the pass over the table that `/queues` and `/metrics` share, to
+    share it with the overview too (None: the overview's own).
     """
-    route = type("JobqueueDashboardRoute", (_DashboardRoute,), {"token": token})
+    route = type("JobqueueDashboardRoute", (_DashboardRoute,),
+                 {"token": token, "read_timeout": read_timeout})
     Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
     guard, open_guard = _guards(Conn)
-    seen = overview.Overview(ttl=overview_ttl)
+    seen = overview.Overview(ttl=overview_ttl, timeout=read_timeout, routes=routes)
     r = APIRouter(route_class=route, include_in_schema=False, dependencies=[Depends(guard)])
     # Its own router, not included in `r`: that would add `guard` to its routes.
     open_r = APIRouter(route_class=route, include_in_schema=False,
@@ -323,7 +341,7 @@ def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
     async def jobs(request: Request, conn: Conn) -> Response:
         f = _filters(request)
         try:
-            async with conn.begin():
+            async with bounded(conn, request.state.read_timeout):
                 page = await pages.list_jobs(conn, f["tab"], queue=f["queue"],
                                              job_type=f["job_type"], before=f["before"],
                                              cursor=f["cursor"])
@@ -428,7 +446,7 @@ def _add_login(open_r: APIRouter, Conn: Any, throttle: Throttle) -> None:  # noq
 
 async def _job(request: Request, conn: Executor, job_id: uuid.UUID, *, done: str | None = None,
                error: str | None = None, status: int = 200) -> Response:
-    async with conn.begin():
+    async with bounded(conn, request.state.read_timeout):
         found = await pages.job(conn, job_id)
     if found is None:
         raise _Refused(404, f"No job {job_id}.")
