@@ -117,7 +117,8 @@ async def list_jobs(conn: Executor, tab: str, *, queue: str | None = None,
         raise ValueError(f"no such list: {tab!r}")
     try:  # whatever a foreign cursor breaks on, the reader hears the same
         params = _params(tab, queue, before, cursor)
-    except (TypeError, ValueError, binascii.Error):
+    except (TypeError, ValueError, binascii.Error, RecursionError):
+        # RecursionError: a cursor of JSON nested thousands deep (was a 500).
         raise ValueError(DAMAGED) from None
     params.update({"job_type": job_type, "limit": limit + 1})
     if tab != "waiting":
