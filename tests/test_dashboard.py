@@ -181,10 +181,13 @@ async def test_retry_cancel_pause_resume_act_and_say_so(
     assert tuple(row) == ("failed", "cancelled: not needed")
     assert "The job is cancelled." in (await web.get(cancelled.headers["location"])).text
 
+    assert ">Pause<" in (await web.get("/")).text  # the overview read, kept 1.5 s
     paused = await web.post("/dashboard/queues/default/pause", data={"csrf": token})
     assert paused.status_code == 303
     assert await conn.fetchval("SELECT paused FROM jobqueue_queues WHERE name = 'default'")
-    assert "paused on every worker" in (await web.get(paused.headers["location"])).text
+    back = (await web.get(paused.headers["location"])).text
+    # The page it returns to shows the change, not the reading from before it.
+    assert "paused on every worker" in back and ">Resume<" in back and ">Pause<" not in back
     await web.post("/dashboard/queues/default/resume", data={"csrf": token})
     assert not await conn.fetchval("SELECT paused FROM jobqueue_queues WHERE name = 'default'")
     bad = await web.post("/dashboard/queues/no%20such/pause", data={"csrf": token})

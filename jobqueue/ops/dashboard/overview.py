@@ -134,6 +134,11 @@ class Overview:
     async def get(self, conn: Executor) -> Snapshot:
         return await self._shared.get(conn)
 
+    def forget(self) -> None:
+        """The next viewer reads afresh: a change was made from the page."""
+        self._shared.forget()
+        self._routes.forget()
+
     async def _read(self, conn: Executor) -> Snapshot:
         async with bounded(conn, self.timeout):
             routes = await self._routes.get(conn)

@@ -141,10 +141,12 @@ class _DashboardRoute(APIRoute):
 
     token: Any = FROM_ENV
     read_timeout: float = READ_TIMEOUT
+    #: What to read afresh after a change made from a page (the overview).
+    readings: tuple[overview.Overview, ...] = ()
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
-        token_setting, read_timeout = self.token, self.read_timeout
+        token_setting, read_timeout, readings = self.token, self.read_timeout, self.readings
 
         async def guarded(request: Request) -> Response:
             request.scope["jobqueue_dashboard_root"] = request.url_for("jobqueue_dashboard").path
@@ -170,6 +172,9 @@ class _DashboardRoute(APIRoute):
                         seconds=read_timeout).capitalize() + ".")
                 else:
                     raise
+            if request.method not in SAFE_METHODS and response.status_code < 400:
+                for reading in readings:  # the page it goes back to shows the change
+                    reading.forget()
             response.headers.update(SECURITY_HEADERS)
             return response
 
@@ -316,11 +321,11 @@ def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
     routes: the pass over the table that `/queues` and `/metrics` share, to
     share it with the overview too (None: the overview's own).
     """
+    seen = overview.Overview(ttl=overview_ttl, timeout=read_timeout, routes=routes)
     route = type("JobqueueDashboardRoute", (_DashboardRoute,),
-                 {"token": token, "read_timeout": read_timeout})
+                 {"token": token, "read_timeout": read_timeout, "readings": (seen,)})
     Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
     guard, open_guard = _guards(Conn)
-    seen = overview.Overview(ttl=overview_ttl, timeout=read_timeout, routes=routes)
     r = APIRouter(route_class=route, include_in_schema=False, dependencies=[Depends(guard)])
     # Its own router, not included in `r`: that would add `guard` to its routes.
     open_r = APIRouter(route_class=route, include_in_schema=False,
