@@ -72,10 +72,16 @@ begin and commit their own):
     app.include_router(api.router)
     app.dependency_overrides[api.get_connection] = my_session_dependency
 
-`GET /jobs` pages by keyset (`before` = an opaque cursor of the last row's
-`(created_at, id)`), not by offset: a page deep in a large table costs what
-the first one does, and jobs enqueued while someone pages never shift a
-page, so each job shows up exactly once.
+`GET /jobs` pages by keyset (`before` = an opaque cursor of the id where the
+last page ended; ids sort in the order jobs were made), not by offset: a
+page deep in a large table costs what the first one does, and jobs enqueued
+while someone pages never shift a page, so each job shows up exactly once.
+A page looks at `PAGE_SCAN` jobs at most, so with a filter that matches few
+it can be short, even empty, and still have a `next`.
+
+Every read runs under a statement timeout (`read_timeout`, a 503 past it),
+and `/queues` and `/metrics` share one reading of the table per second
+(`jobqueue.ops.reads`).
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the routes'
