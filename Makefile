@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml
 ## without the nbval plugin, whose import costs seconds per process; then the notebooks,
 ## TEST_PROCESSES at a time too (a notebook's cells in one process, in order), except
 ## the lessons in LESSONS_ALONE, run after the others with nothing beside them (what
-## they show depends on every transaction of the cluster: the vacuum horizon).
+## they show depends on every transaction of the cluster: the pg_subtrans reads of an
+## overflowed subtransaction cache, the vacuum horizon).
 TEST_PROCESSES ?= 2
-LESSONS_ALONE := notebooks/lessons/08_vacuum_horizon.ipynb
+LESSONS_ALONE := notebooks/lessons/05_savepoints.ipynb notebooks/lessons/08_vacuum_horizon.ipynb
 NBVAL_LESSONS := --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 test: setup
 	@up=0; [ -n "$$DATABASE_URL" ] || ! $(BIN)/jobqueue db url >/dev/null 2>&1 || up=1; \
