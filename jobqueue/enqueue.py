@@ -40,9 +40,12 @@ PAYLOAD_MAX_BYTES = 1_000_000
 Executor = AsyncSession | AsyncConnection
 
 
-#: What a job type must not hold: C0 and C1 controls, DEL, and the bidi
+#: What a job type must not hold, and what text output shows escaped
+#: (`jobqueue.ops.logs.printable`): C0 and C1 controls, DEL, and the bidi
 #: embeddings, overrides and isolates.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+CONTROL_CHARACTERS = (*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F),
+                      *range(0x2066, 0x206A))
+_CONTROL = re.compile("[" + "".join(map(chr, CONTROL_CHARACTERS)) + "]")
 
 
 def check_job_type(job_type: object) -> str:

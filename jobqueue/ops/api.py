@@ -129,8 +129,14 @@ from jobqueue.errors import (
 )
 from jobqueue.ops import actions, held, metrics, routing
 from jobqueue.ops.dashboard import create_dashboard
-from jobqueue.ops.origin import ANY_HOST, SAFE_METHODS, HostGuard, cross_origin
-from jobqueue.ops.reads import READ_TIMEOUT, TIMEOUT_HINT, Shared, bounded
+from jobqueue.ops.origin import ANY_HOST, HostGuard, cross_origin
+from jobqueue.ops.reads import (
+    READ_TIMEOUT,
+    TIMEOUT_HINT,
+    Shared,
+    bounded,
+    forget_after_change,
+)
 from jobqueue.ops.throttle import Throttle, client_address
 from jobqueue.ops.token import FROM_ENV, TOKEN_ENV, check, resolve
 from jobqueue.registry import HandlerRegistry
@@ -429,8 +435,7 @@ class _GuardedRoute(APIRoute):
 
         async def guarded(request: Request) -> Response:
             response = await answer(request)
-            if request.method not in SAFE_METHODS and response.status_code < 400:
-                _forget(shared)  # a change made here shows at once
+            forget_after_change(request, response, shared)
             # JSON is never to be read as anything else (a browser sniffing
             # a payload of HTML would render it).
             response.headers["X-Content-Type-Options"] = "nosniff"
@@ -460,11 +465,6 @@ class _GuardedRoute(APIRoute):
                 return problem
 
         return guarded
-
-
-def _forget(shared: tuple[Shared[Any], ...]) -> None:
-    for reading in shared:
-        reading.forget()
 
 
 def _database_problem(exc: Exception, read_timeout: float) -> Response | None:

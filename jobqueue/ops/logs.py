@@ -30,6 +30,8 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any, Literal
 
+from jobqueue.enqueue import CONTROL_CHARACTERS
+
 LogFormat = Literal["text", "json"]
 FORMATS: tuple[LogFormat, ...] = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -67,10 +69,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-#: Characters a line of text output shows escaped (`\x1b`, `\u202e`): C0 and
-#: C1 controls, DEL, bidi embeddings, overrides and isolates.
-_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
-_ESCAPES.update({c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+#: Characters a line of text output shows escaped (`\x1b`, `\u202e`): the
+#: ones a job type may not hold (`enqueue.CONTROL_CHARACTERS`).
+_ESCAPES = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in CONTROL_CHARACTERS}
 _ESCAPES_BUT_LINES = {c: e for c, e in _ESCAPES.items() if c not in (0x09, 0x0A)}
 
 

@@ -15,13 +15,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from starlette.requests import Request
+from starlette.responses import Response
 
+from jobqueue.ops.origin import SAFE_METHODS
 from jobqueue.schema.queries import queries
 
-__all__ = ["READ_TIMEOUT", "TIMEOUT_HINT", "Shared", "bounded"]
+__all__ = ["READ_TIMEOUT", "TIMEOUT_HINT", "Shared", "bounded", "forget_after_change"]
 
 Executor = AsyncConnection | AsyncSession
 T = TypeVar("T")
@@ -63,3 +66,17 @@ class Shared(Generic[T]):
     def forget(self) -> None:
         """The next caller reads afresh (after a change made through here)."""
         self._taken = None
+
+
+class _Reading(Protocol):
+    def forget(self) -> None: ...
+
+
+def forget_after_change(request: Request, response: Response,
+                        readings: tuple[_Reading, ...]) -> None:
+    """After a change made through this process (a request that is not a
+    read, and succeeded), its readings are read afresh: what the client
+    looks at next shows the change, not the reading from before it."""
+    if request.method not in SAFE_METHODS and response.status_code < 400:
+        for reading in readings:
+            reading.forget()

@@ -40,7 +40,13 @@ from jobqueue.errors import (
 from jobqueue.ops import actions, horizon
 from jobqueue.ops.dashboard import auth, charts, overview, pages
 from jobqueue.ops.origin import SAFE_METHODS, cross_origin
-from jobqueue.ops.reads import READ_TIMEOUT, TIMEOUT_HINT, Shared, bounded
+from jobqueue.ops.reads import (
+    READ_TIMEOUT,
+    TIMEOUT_HINT,
+    Shared,
+    bounded,
+    forget_after_change,
+)
 from jobqueue.ops.routing import Routing
 from jobqueue.ops.throttle import Throttle, client_address
 from jobqueue.ops.token import FROM_ENV, resolve
@@ -172,9 +178,7 @@ class _DashboardRoute(APIRoute):
                         seconds=read_timeout).capitalize() + ".")
                 else:
                     raise
-            if request.method not in SAFE_METHODS and response.status_code < 400:
-                for reading in readings:  # the page it goes back to shows the change
-                    reading.forget()
+            forget_after_change(request, response, readings)
             response.headers.update(SECURITY_HEADERS)
             return response
 
