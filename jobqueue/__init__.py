@@ -10,6 +10,13 @@
 
     await JobRunner().run()
 
+Or typed, checked at the call and by mypy (`tasks`, `typed`):
+
+    @task(queue="billing")
+    async def charge(session, order_id: int, amount: Decimal) -> Receipt: ...
+
+    job = await charge.enqueue(s, order_id=42, amount=Decimal("9.99"))
+
 Read on, top-down: `enqueue` (putting jobs in, inside your transaction:
 to a queue, at a priority, under a unique key, with a timeout), `codec`
 (payloads and results as JSON: `to_json` for Decimal, dates, UUIDs,
@@ -36,6 +43,7 @@ from jobqueue.enqueue import enqueue, enqueue_many
 from jobqueue.registry import HandlerRegistry, JobHandler, handlers
 from jobqueue.retry import RetryPolicy
 from jobqueue.schema.models import Job, JobStatus
+from jobqueue.tasks import Task, TaskJob, task
 from jobqueue.worker import JobRunner, Snooze, current_job
 
 __version__ = "0.1.0"
@@ -49,12 +57,15 @@ __all__ = [
     "JobStatus",
     "RetryPolicy",
     "Snooze",
+    "Task",
+    "TaskJob",
     "control",
     "current_job",
     "enqueue",
     "enqueue_many",
     "handlers",
     "queues",
+    "task",
     "to_json",
     "wait",
 ]

@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -50,8 +52,11 @@ from jobqueue.enqueue import Executor, check_strings
 from jobqueue.schema.locks import CANCELLED, DONE_CHANNEL
 from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, JobStatus
 from jobqueue.schema.queries import queries
+from jobqueue.tasks import TaskJob
 
 logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 #: Longest reason a cancel keeps (error_message holds `cancelled: ` before it).
 REASON_MAX_LENGTH = ERROR_MESSAGE_MAX_LENGTH - len(CANCELLED) - 2
@@ -73,16 +78,18 @@ Database = str | AsyncEngine | None
 
 
 @dataclass(frozen=True)
-class FinishedJob:
+class FinishedJob(Generic[R]):
     """A job as it ended: `completed` (with its handler's `result`) or
     `failed` (with `error_message` and every failed attempt in
-    `error_history`; a cancelled job too, see `cancelled`)."""
+    `error_history`; a cancelled job too, see `cancelled`). Waited for by a
+    task's `TaskJob`, `result` is the task's return type; a failed job's is
+    None."""
 
     id: uuid.UUID
     job_type: str
     queue: str
     status: JobStatus
-    result: Any
+    result: R
     error_message: str | None
     error_history: list[dict[str, Any]]
     retry_count: int
@@ -95,9 +102,9 @@ class FinishedJob:
         """Whether it ended because someone cancelled it."""
         return is_cancel_message(self.status, self.error_message)
 
-    @classmethod
-    def from_row(cls, row: asyncpg.Record) -> FinishedJob:
-        return cls(id=row["id"], job_type=row["job_type"], queue=row["queue"],
+    @staticmethod
+    def from_row(row: asyncpg.Record) -> FinishedJob[Any]:
+        return FinishedJob[Any](id=row["id"], job_type=row["job_type"], queue=row["queue"],
                    status=JobStatus(row["status"]),
                    result=None if row["result"] is None else json.loads(row["result"]),
                    error_message=row["error_message"],
@@ -130,11 +137,28 @@ def _url(database: Database) -> str:
     return db.database_url(database)
 
 
-async def wait(job_id: uuid.UUID | str, *, timeout: float | None,
-               database: Database = None) -> FinishedJob:
+@overload
+async def wait(job_id: TaskJob[Awaitable[R]], *, timeout: float | None = None,
+               database: Database = None) -> FinishedJob[R]: ...
+
+
+@overload
+async def wait(job_id: TaskJob[R], *, timeout: float | None = None,
+               database: Database = None) -> FinishedJob[R]: ...
+
+
+@overload
+async def wait(job_id: uuid.UUID | str, *, timeout: float | None = None,
+               database: Database = None) -> FinishedJob[Any]: ...
+
+
+async def wait(job_id: uuid.UUID | str, *, timeout: float | None = None,
+               database: Database = None) -> FinishedJob[Any]:
     """The job once it has finished (completed or failed; `retrying` is not
     finished), or TimeoutError after `timeout` seconds (None: no limit);
-    LookupError if there is no such job.
+    LookupError if there is no such job. For a task's job (what
+    `charge.enqueue` returns) a completed job's result is read back as the
+    task's return type.
 
     `database`: a URL, an engine (its URL: `wait` opens a connection of its
     own, see the module's docstring), or None for `DATABASE_URL`.
@@ -159,14 +183,17 @@ async def wait(job_id: uuid.UUID | str, *, timeout: float | None,
     deadline = asyncio.timeout(timeout)
     try:
         async with deadline:
-            return await _wait(url, job_id)
+            finished = await _wait(url, job_id)
     except TimeoutError:
         if not deadline.expired():
             raise  # not the deadline's: a connect timeout, say
         raise TimeoutError(f"job {job_id} did not finish within {timeout:g} s") from None
+    if isinstance(job_id, TaskJob) and finished.status == JobStatus.COMPLETED:
+        finished = dataclasses.replace(finished, result=job_id.task.decode_result(finished.result))
+    return finished
 
 
-async def _wait(url: str, job_id: uuid.UUID) -> FinishedJob:
+async def _wait(url: str, job_id: uuid.UUID) -> FinishedJob[Any]:
     conn = await db.connect(url, application_name="jobqueue wait")
     heard = asyncio.Event()
     key = str(job_id)
