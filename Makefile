@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "jobqueue needs Python 3.11 or newer (found: $$($(PYTHON) --version))"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,embedded,lab,api,peers,docs]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,embedded,lab,api,peers,docs,otel]'
 	touch $(STAMP)
 
 ## test: every test and notebook against the embedded PostgreSQL 16 (or DATABASE_URL);

@@ -25,10 +25,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
+import sqlalchemy.ext.asyncio
 from sqlalchemy import URL, make_url
 from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue.errors import is_connection_error, one_line
 
@@ -275,7 +276,12 @@ def pin(url: str, host: str | None, port: int | None) -> str:
 def create_engine(url: str | None = None, **kwargs: Any) -> AsyncEngine:
     """An engine on the configured database, for sessions and lanes. With
     several servers its connections come from `connect`, so they look for
-    the read-write one the same way (each server for `connect_timeout`)."""
+    the read-write one the same way (each server for `connect_timeout`).
+
+    `create_async_engine` is looked up when called, not imported by name:
+    OpenTelemetry's SQLAlchemy instrumentation replaces it, and a worker's
+    engines (made here) must trace a handler's statements once it has."""
+    create_async_engine = sqlalchemy.ext.asyncio.create_async_engine
     kwargs.setdefault("pool_pre_ping", False)
     target = database_url(url)
     parsed = make_url(target)

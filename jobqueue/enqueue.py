@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from jobqueue import codec
+from jobqueue import codec, tracing
 from jobqueue.errors import shown
 from jobqueue.schema.models import (
     DEFAULT_QUEUE,
@@ -251,7 +251,16 @@ async def try_enqueue(
         "unique_key": check_unique_key(unique_key),
         "timeout": check_timeout(timeout),
     }
+    with tracing.producing(job_type, queue) as produced:
+        params["trace_context"] = produced.context
+        enqueued = await _insert_or_find(session, params)
+        produced.sent([enqueued.id])
+    return enqueued
+
+
+async def _insert_or_find(session: Executor, params: dict[str, Any]) -> Enqueued:
     # A key's holder can finish between the two statements: then insert again.
+    unique_key = params["unique_key"]
     for _ in range(_UNIQUE_ATTEMPTS):
         job_id: uuid.UUID | None = (
             await session.execute(queries["enqueue"].text, params)).scalar_one_or_none()
@@ -302,5 +311,9 @@ async def enqueue_many(
             raise ValueError(f"payload #{i}: {e}") from None
     if not encoded:
         return []
-    result = await session.execute(queries["enqueue_many"].text, {**params, "payloads": encoded})
-    return list(result.scalars())
+    with tracing.producing(job_type, queue, len(encoded)) as produced:
+        result = await session.execute(queries["enqueue_many"].text, {
+            **params, "payloads": encoded, "trace_context": produced.context})
+        ids = list(result.scalars())
+        produced.sent(ids)
+    return ids

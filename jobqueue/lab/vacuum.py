@@ -226,7 +226,7 @@ async def enqueue(conn: asyncpg.Connection) -> Any:
     now(), which is the start of the transaction it is in; its id."""
     return await queries["enqueue"].fetchval(
         conn, job_type=JOB_TYPE, payload="{}", max_retries=0, run_at=None, queue=QUEUE,
-        priority=0, unique_key=None, timeout=None)
+        priority=0, unique_key=None, timeout=None, trace_context=None)
 
 
 class Vacuumed(NamedTuple):

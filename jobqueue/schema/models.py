@@ -151,6 +151,10 @@ class Job(Base):
     # checks it still owns the job, so a worker that lost a job cannot finish it.
     worker_id: Mapped[int | None] = mapped_column(Integer)
 
+    # The W3C trace context of the span that enqueued it (`tracing.py`), for
+    # the worker's span to continue; NULL when nothing traced the enqueue.
+    trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB)
+
     __table_args__ = (
         CheckConstraint(
             "status IN ('pending', 'processing', 'completed', 'failed', 'retrying')",

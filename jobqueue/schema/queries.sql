@@ -12,10 +12,12 @@
 -- key cannot both insert; a second one waits for the first to commit or roll
 -- back). `find_unique` then names the job that holds the key. NULL :timeout:
 -- none of its own (the worker then applies its type's default, if any).
-INSERT INTO jobs (job_type, payload, max_retries, run_at, queue, priority, unique_key, timeout)
+-- :trace_context: the enqueuing span's W3C context (`tracing.py`), or NULL.
+INSERT INTO jobs (job_type, payload, max_retries, run_at, queue, priority, unique_key, timeout,
+                  trace_context)
 VALUES (:job_type, CAST(:payload AS jsonb), :max_retries,
         COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority, :unique_key,
-        CAST(:timeout AS float8))
+        CAST(:timeout AS float8), CAST(:trace_context AS jsonb))
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'processing', 'retrying')
     DO NOTHING
@@ -34,13 +36,20 @@ WITH new AS (
     SELECT jobqueue_id(n) AS id, payload, n
     FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS t(payload, n)
 ), inserted AS (
-    INSERT INTO jobs (id, job_type, payload, max_retries, run_at, queue, priority, timeout)
+    INSERT INTO jobs (id, job_type, payload, max_retries, run_at, queue, priority, timeout,
+                      trace_context)
     SELECT id, :job_type, CAST(payload AS jsonb), :max_retries,
            COALESCE(CAST(:run_at AS timestamptz), now()), :queue, :priority,
-           CAST(:timeout AS float8)
+           CAST(:timeout AS float8), CAST(:trace_context AS jsonb)
     FROM new
 )
 SELECT id FROM new ORDER BY n;
+
+-- trace_contexts --
+-- The queue and enqueuing trace context of a batch's jobs, read only when the
+-- worker traces (`tracing.py`): the claim statements do not carry them, so
+-- a worker that does not trace pays nothing for them.
+SELECT id, queue, trace_context::text FROM jobs WHERE id = ANY(CAST(:ids AS uuid[]));
 
 -- claim --
 -- Take up to :limit due jobs of queue :queue for worker :worker_id and commit

@@ -34,9 +34,11 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from jobqueue import tracing
 from jobqueue.errors import is_connection_error, one_line
 from jobqueue.registry import JobHandler
 from jobqueue.schema.locks import CANCELLED
+from jobqueue.schema.queries import queries
 from jobqueue.worker.batch import LANE_KINDS, BatchKind, Deferred, Started, rollback
 from jobqueue.worker.completer import LostOwnership, record
 from jobqueue.worker.config import WorkerConfig
@@ -55,6 +57,7 @@ from jobqueue.worker.handler import (
 from jobqueue.worker.interrupt import Stopper
 from jobqueue.worker.life import Life
 from jobqueue.worker.outcome import (
+    Decided,
     Outcomes,
     failed_at_commit,
     failure,
@@ -231,6 +234,7 @@ class AsyncExecutor:
             if job.id in decided:
                 note(job, decided[job.id], out, worker_id)
         todo = [job for job in jobs if job.id not in decided]
+        traces = await self._traces(todo) if tracing.tracer() is not None else None
         touched_ids: set[uuid.UUID] = set()
         started, ran = time.perf_counter(), 0
         for n, job in enumerate(todo):
@@ -244,7 +248,8 @@ class AsyncExecutor:
                 continue
             opened = state.savepoints
             try:
-                await self._run_one(job, out, state, always or job.job_type in isolated_types)
+                await self._run_one(job, out, state, always or job.job_type in isolated_types,
+                                    traces)
             except Rerun as rerun:
                 rerun.decided, rerun.again = decided_of(out, touched_ids, rerun)
                 raise
@@ -256,8 +261,14 @@ class AsyncExecutor:
         if ran:
             pacing.ran(time.perf_counter() - started, ran, state.savepoints)
 
+    async def _traces(self, jobs: list[ClaimedJob]) -> tracing.Traces:
+        """Where the jobs' traces come from (`tracing.py`), read for tracing
+        only: the claims do not carry it."""
+        rows = await queries["trace_contexts"].fetch(self.raw, ids=[job.id for job in jobs])
+        return tracing.carriers(rows)
+
     async def _run_one(self, job: ClaimedJob, out: Outcomes, state: LaneState,
-                       isolated: bool) -> None:
+                       isolated: bool, traces: tracing.Traces | None = None) -> None:
         """Run one job's handler and note its outcome in `out`. Raises Rerun
         when a plain job's writes cannot be undone alone.
 
@@ -276,12 +287,17 @@ class AsyncExecutor:
         token = _current_job.set(job)
         state.start_job(isolated)
         stopped: list[str] = []  # why it was stopped, if it was
+        span = None if traces is None else tracing.start_job(job, traces)
+        outcome: Decided | None = None
+        error: BaseException | None = None
         try:
             result = await self._call(handler, job, stopped)
             encoded = await self._returned(state, job, result)
-        except Rerun:
+        except Rerun as rerun:
+            error = rerun
             raise
         except Exception as exc:
+            error = exc
             # Back to the job's savepoint: its writes vanish, its batch-mates' stay.
             if session.in_transaction():
                 await session.rollback()
@@ -299,6 +315,9 @@ class AsyncExecutor:
         else:
             out.success(job.id, encoded, time.perf_counter() - started)
         finally:
+            if span is not None:
+                tracing.finish_job(span, outcome, error, stopped[0] if stopped else None,
+                                   rerun=isinstance(error, Rerun))
             state.end_job()
             _current_job.reset(token)
             if session.identity_map:

@@ -48,8 +48,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import sqlalchemy.ext.asyncio
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import await_only
 
 from jobqueue import codec
@@ -221,8 +222,9 @@ def lane_engine(url: str, lanes: int, application_name: str) -> AsyncEngine:
     """The engine a worker's lanes draw their connections from: one per lane,
     in autocommit mode, because lanes run their own transactions on the
     driver (`lane.py`) and SQLAlchemy must send no BEGIN or COMMIT of its own
-    on them; with the hooks above."""
-    engine = create_async_engine(
+    on them; with the hooks above. (`create_async_engine` is looked up when
+    called: `db.create_engine` says why.)"""
+    engine = sqlalchemy.ext.asyncio.create_async_engine(
         url, pool_size=lanes, max_overflow=0, pool_pre_ping=False,
         isolation_level="AUTOCOMMIT",
         connect_args={"server_settings": {"application_name": application_name}})

@@ -61,6 +61,8 @@ class SyncRun:
     db_error: bool = False
     #: Why the handler's attempt to end its transaction was refused (`guard.py`).
     refused: str | None = None
+    #: Where the batch's traces come from, when the worker traces (`tracing.py`).
+    traces: Any = None
 
 
 class ThreadPool:

@@ -49,11 +49,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, create_engine, event
+import sqlalchemy
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
-from jobqueue import db
+from jobqueue import db, tracing
 from jobqueue.errors import is_connection_error, one_line
 from jobqueue.registry import SyncJobHandler
 from jobqueue.schema.locks import CANCELLED
@@ -83,7 +84,14 @@ from jobqueue.worker.handler import (
 )
 from jobqueue.worker.interrupt import timed_out
 from jobqueue.worker.life import Life
-from jobqueue.worker.outcome import Outcomes, log_completed, note, outcome_of, timeout_of
+from jobqueue.worker.outcome import (
+    Decided,
+    Outcomes,
+    log_completed,
+    note,
+    outcome_of,
+    timeout_of,
+)
 from jobqueue.worker.pacing import Plan
 from jobqueue.worker.pool import Interrupted, SyncRun, ThreadPool, sever
 
@@ -112,7 +120,8 @@ def thread_engine(url: str, threads: int, application_name: str) -> Engine:
     database (an HTTP call, an S3 upload) costs one round trip to record:
     `complete` alone, which commits as it runs; a handler that writes pays
     BEGIN and COMMIT around its statements and the `complete` after them."""
-    engine = create_engine(db.sync_url(url), pool_size=threads, max_overflow=0,
+    # looked up when called, as `db.create_engine` says why
+    engine = sqlalchemy.create_engine(db.sync_url(url), pool_size=threads, max_overflow=0,
                            pool_pre_ping=False, isolation_level="AUTOCOMMIT",
                            connect_args={"application_name": application_name})
     event.listen(engine, "before_cursor_execute", _before_statement)
@@ -264,13 +273,15 @@ class ThreadExecutor:
         self.sync_engine = sync_engine
         #: This life's jobs in threads, by the task that follows each.
         self.jobs: dict[asyncio.Task[None], SyncRun] = {}
+        self.raw: Any = None
 
     def plan(self, lone: bool) -> Plan:
         return Plan(take=False, limit=max(1, self.pool.free))
 
     @contextlib.asynccontextmanager
     async def opened(self, conn: AsyncConnection, raw: Any) -> AsyncIterator[None]:
-        yield  # the threads have connections of their own
+        self.raw = raw  # it claims; the threads have connections of their own
+        yield
 
     def ready(self) -> bool:
         return self.pool.free > 0
@@ -310,9 +321,14 @@ class ThreadExecutor:
         worker's alone gate while it runs; a job that must run alone is
         waited for here, so that nothing starts beside it."""
         gate, loop = self.life.alone, asyncio.get_running_loop()
+        traces = None
+        if tracing.tracer() is not None:
+            rows = await queries["trace_contexts"].fetch(
+                self.raw, ids=[job.id for job in started.jobs])
+            traces = tracing.carriers(rows)
         tasks = []
         for job in started.jobs:
-            run = SyncRun(job, reason=CANCELLED if job.id in cancels else None)
+            run = SyncRun(job, reason=CANCELLED if job.id in cancels else None, traces=traces)
             gate.enter()
             done = self.pool.submit(run, self._in_thread)
             task = asyncio.create_task(self._follow(run, done, queue))
@@ -388,6 +404,9 @@ class ThreadExecutor:
                         ) -> tuple[Outcomes, list[float]] | None:
         job, out = run.job, Outcomes()
         started = time.perf_counter()
+        span = None if run.traces is None else tracing.start_job(job, run.traces)
+        outcome: Decided | None = None
+        error: BaseException | None = None
         try:
             encoded = self._call_sync(conn, run)
             if run.cut:
@@ -398,19 +417,24 @@ class ThreadExecutor:
             self._lost(conn, run)
             return None
         except Exception as exc:
+            error = exc
             _roll_back(conn, run)  # the handler's writes are gone
             if run.cut:
                 return None
             if is_connection_error(exc) and conn.invalidated:
                 raise  # not the job's fault: it goes back (`_follow`)
             out = Outcomes()
-            note(job, outcome_of(job, exc, run.reason, time.perf_counter() - started,
-                                 self.config.retry_policy), out, self.worker_id)
+            outcome = outcome_of(job, exc, run.reason, time.perf_counter() - started,
+                                 self.config.retry_policy)
+            note(job, outcome, out, self.worker_id)
             try:
                 return out, _record(conn, run, out, self.worker_id)
             except LostOwnership:
                 self._lost(conn, run)
                 return None
+        finally:
+            if span is not None:
+                tracing.finish_job(span, outcome, error, run.reason)
 
     def _call_sync(self, conn: Connection, run: SyncRun) -> str | None:
         """The handler, in a transaction on `conn` that its session joins;
