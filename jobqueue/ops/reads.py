@@ -15,13 +15,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from starlette.requests import Request
-from starlette.responses import Response
 
-from jobqueue.ops.origin import SAFE_METHODS
+if TYPE_CHECKING:  # the API's extra; `jobqueue worker` imports this module without it
+    from starlette.requests import Request
+    from starlette.responses import Response
+
 from jobqueue.schema.queries import queries
 
 __all__ = ["READ_TIMEOUT", "TIMEOUT_HINT", "Shared", "bounded", "forget_after_change"]
@@ -77,6 +78,8 @@ def forget_after_change(request: Request, response: Response,
     """After a change made through this process (a request that is not a
     read, and succeeded), its readings are read afresh: what the client
     looks at next shows the change, not the reading from before it."""
+    from jobqueue.ops.origin import SAFE_METHODS  # starlette's: the API's extra, not the CLI's
+
     if request.method not in SAFE_METHODS and response.status_code < 400:
         for reading in readings:
             reading.forget()

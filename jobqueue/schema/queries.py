@@ -45,6 +45,12 @@ class Query:
         """The statement with asyncpg's `$1, $2…` placeholders."""
         return _PARAM.sub(lambda m: f"${self.params.index(m.group(1)) + 1}", self.sql)
 
+    @cached_property
+    def pyformat(self) -> str:
+        """The statement with DB-API's `%(name)s` placeholders (psycopg, and
+        Django's cursors on it); a literal `%` doubled."""
+        return _PARAM.sub(lambda m: f"%({m.group(1)})s", self.sql.replace("%", "%%"))
+
     def args(self, values: dict[str, Any]) -> list[Any]:
         missing = set(self.params) - values.keys()
         if missing:
