@@ -106,3 +106,15 @@ async def test_fastapi_example_enqueues_in_the_request_and_its_worker_stops_grac
     assert "Application shutdown complete" in output, output
     assert await conn.fetchval("SELECT status FROM jobs WHERE job_type = 'slow'") == "completed"
     assert "Traceback" not in output, output
+
+
+def test_tracing_example_prints_one_trace_from_the_request_to_the_handler(db_url: str) -> None:
+    done = run_example("tracing.py", db_url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "1 trace:",
+        "POST /orders (internal)",
+        "  send default (producer)",
+        "    process default (consumer)",
+        "      render receipt (internal)",
+    ]
