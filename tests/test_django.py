@@ -22,9 +22,9 @@ MISSING = ROOT / ".venv-django.missing"
 @pytest.fixture
 def django(db_url: str) -> object:
     """Runs `manage.py ...` of the test project on the test's database."""
+    if MISSING.exists():  # `make setup` found no Python 3.12+, or could not install Django
+        pytest.skip(MISSING.read_text().strip())
     if not PYTHON.exists():
-        if MISSING.exists():
-            pytest.skip(MISSING.read_text().strip())
         pytest.fail("no .venv-django: run `make setup` (it builds it when a Python 3.12+ "
                     "is found)")
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(PROJECT)}

@@ -773,3 +773,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
+if __name__ == "__main__":  # `python -m jobqueue.ops.cli`, as `python -m jobqueue`
+    main()
