@@ -1,6 +1,7 @@
-"""jobqueue beside its peers: PgQueuer, Procrastinate, graphile-worker
-(`graphile`, a Node.js package) and the course's design, measured the same
-way on the same server, one after another in one run.
+"""jobqueue beside its peers: PgQueuer, Procrastinate, oban-py (`obanpy`,
+in a Python 3.12+ virtualenv of its own), graphile-worker (`graphile`, a
+Node.js package) and the course's design, measured the same way on the same
+server, one after another in one run.
 
 Each peer gets a database of its own (`jobqueue_bench_<name>`) with its schema
 installed through its own API, and runs as a real worker process
@@ -13,6 +14,7 @@ database's clock, as jobqueue's do:
 | jobqueue | `jobs.created_at` | `jobs.started_at` | `jobs.completed_at` |
 | PgQueuer | `pgqueuer_log` row `queued` | row `picked` | row `successful` |
 | Procrastinate | `procrastinate_events` `deferred` | `started` | `succeeded` |
+| oban-py | `oban_jobs.inserted_at` | `attempted_at` | `completed_at` |
 
 PgQueuer deletes a finished job from its queue table, so its log is the only
 record; Procrastinate keeps its jobs (its default `delete_jobs="never"`) and
@@ -56,6 +58,7 @@ smaller drain than the others); every row says which n it drained.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -69,7 +72,7 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db, embedded
-from jobqueue.benchmarks import graphile, rss, scenarios
+from jobqueue.benchmarks import graphile, obanpy, rss, scenarios
 from jobqueue.benchmarks.peer_worker import (
     HANDLERS,
     NOOP,
@@ -84,8 +87,9 @@ logger = logging.getLogger(__name__)
 
 PEER_WORKER = Path(__file__).with_name("peer_worker.py")
 GRAPHILE = graphile.SYSTEM
-SYSTEMS = ("jobqueue", "pgqueuer", "procrastinate", GRAPHILE, "course design")
-PEERS = ("pgqueuer", "procrastinate", GRAPHILE)
+OBAN = obanpy.SYSTEM
+SYSTEMS = ("jobqueue", "pgqueuer", "procrastinate", OBAN, GRAPHILE, "course design")
+PEERS = ("pgqueuer", "procrastinate", OBAN, GRAPHILE)
 FILL_CHUNK = 10_000
 #: What each system's own documentation advises for throughput, in this
 #: lab's words (read 2026-12-01), and the pages that say it. The notebook and
@@ -116,6 +120,15 @@ RECOMMENDED: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
           "https://procrastinate.readthedocs.io/en/stable/howto/production/concurrency.html"),
          ("pool size", "https://procrastinate.readthedocs.io/en/stable/discussions.html"
                        "#mind-the-size-of-your-postgresql-pool"))),
+    OBAN: (
+        "Its production guide recommends its CLI, `oban start` (a JSON log line per job at "
+        "INFO, pruning and orphan rescue on), with queues given as `name:limit`: its docs' "
+        "examples use `default = 10`, with the connection pool at its defaults (1 to 10). "
+        "It says nothing about throughput; the tasks write through a psycopg pool of their own, "
+        "as large as the limit.",
+        (("production", "https://github.com/oban-bg/oban-py/blob/main/docs/production.md"),
+         ("defining queues",
+          "https://github.com/oban-bg/oban-py/blob/main/docs/defining_queues.md"))),
     GRAPHILE: (
         "Its performance page: batching (a local queue, completions batched) for any "
         "high-throughput queue, and perfTest, its own benchmark: 4 processes of 24 concurrent "
@@ -139,6 +152,8 @@ def available(system: str) -> bool:
     course's design always."""
     if system == GRAPHILE:
         return graphile.available()
+    if system == OBAN:
+        return obanpy.available()
     package = PACKAGES.get(system)
     return package is None or importlib.util.find_spec(package) is not None
 
@@ -151,6 +166,9 @@ def versions() -> dict[str, str]:
     for system, package in PACKAGES.items():
         with contextlib.suppress(PackageNotFoundError):
             found[f"{system}_version"] = version(package)
+    if obanpy.available():
+        found[f"{OBAN}_version"] = obanpy.VERSION
+        found[f"{OBAN}_python"] = obanpy.python_version()
     if graphile.available():
         found[f"{GRAPHILE}_version"] = graphile.VERSION
         found["node"] = graphile.node_version() or "?"
@@ -193,6 +211,10 @@ class _Peer:
     events: tuple[str, str, str]
     kinds: tuple[str, str, str]
     drain_sql: str
+    #: Whether its worker has a mode that exits once the queue is empty; a
+    #: worker without one is stopped once `busy_sql` finds nothing left to run.
+    drains_itself = True
+    busy_sql = ""
     #: Completed jobs other than the warm-up job $1, and that job alone.
     completed_sql: str
     warm_sql: str
@@ -208,6 +230,11 @@ class _Peer:
 
     async def install(self, url: str) -> None:
         raise NotImplementedError
+
+    def process(self, url: str, log: Path, args: Sequence[str]) -> WorkerProcess:
+        """One worker process with the run's arguments (`argv`): `peer_worker.py`."""
+        return WorkerProcess(url, log, *args, command=("-P", str(PEER_WORKER), self.system),
+                             env=libpq_env(url))
 
     async def enqueue_many(self, url: str, n: int, handler: str) -> None:
         """n jobs of type `handler` through the peer's own batch API, chunk by chunk."""
@@ -229,11 +256,6 @@ class _Peer:
                 await conn.execute(f"VACUUM ANALYZE {table}")
         finally:
             await conn.close()
-
-    async def _tables(self, conn: asyncpg.Connection) -> None:
-        """The tables the tasks write, beside the peer's own schema."""
-        await conn.execute(PEER_BENCH_TABLE)
-        await scenarios.create_demo_tables(conn)
 
     @contextlib.asynccontextmanager
     async def producer(self, url: str, connections: int
@@ -278,7 +300,6 @@ class _PgQueuer(_Peer):
             queries = Queries.from_asyncpg_connection(conn)
             await queries.install()
             await queries.optimize_autovacuum()
-            await self._tables(conn)
         finally:
             await conn.close()
 
@@ -349,11 +370,6 @@ class _Procrastinate(_Peer):
     async def install(self, url: str) -> None:
         async with self._app(url, 2) as app:
             await app.schema_manager.apply_schema_async()
-        conn = await db.connect(url, application_name="jobqueue bench")
-        try:
-            await self._tables(conn)
-        finally:
-            await conn.close()
 
     async def enqueue_many(self, url: str, n: int, handler: str) -> None:
         """`Task.batch_defer_async` (one statement per chunk)."""
@@ -373,15 +389,87 @@ class _Procrastinate(_Peer):
         return lambda: pool.fetchval(self.defer_sql)
 
 
-_PEERS: dict[str, _Peer] = {"pgqueuer": _PgQueuer(), "procrastinate": _Procrastinate()}
+class _Oban(_Peer):
+    """oban-py (`obanpy`): installed by its own `oban install`, run by its
+    own `oban start`, jobs written with the statement its `enqueue` sends."""
+
+    system = OBAN
+    truncate = "TRUNCATE oban_jobs, oban_producers, oban_leaders"
+    vacuum = ("oban_jobs",)
+    tables = vacuum
+    #: A job run twice would have a second attempt: counted apart.
+    drain_sql = """
+        SELECT count(*) FILTER (WHERE state = 'completed') AS completed,
+               count(*) FILTER (WHERE state = 'completed' AND attempt = 1) AS distinct_completed,
+               count(*) AS total,
+               count(*) FILTER (WHERE state <> 'completed') AS left_in_queue,
+               extract(epoch FROM min(attempted_at)) AS first,
+               extract(epoch FROM max(completed_at)) AS last
+        FROM oban_jobs"""
+    drains_itself = False
+    #: Two probes of its (state, queue, …) index.
+    busy_sql = ("SELECT EXISTS (SELECT FROM oban_jobs WHERE state = 'available')"
+                " OR EXISTS (SELECT FROM oban_jobs WHERE state = 'executing')")
+    completed_sql = "SELECT count(*) FROM oban_jobs WHERE state = 'completed' AND id <> $1"
+    warm_sql = "SELECT count(*) FROM oban_jobs WHERE state = 'completed' AND id = $1"
+    #: What `Oban.enqueue` sends (`queries/insert_job.sql` of 0.7.0), with its
+    #: defaults for what the lab's jobs leave unset: one row, and a NOTIFY that
+    #: wakes the producers of its queue.
+    insert_sql = """
+        WITH inserted AS (
+            INSERT INTO oban_jobs (args, inserted_at, max_attempts, meta, priority, queue,
+                                   scheduled_at, state, tags, worker)
+            VALUES ($1::jsonb, timezone('UTC', now()), 20, '{}', 0, 'default',
+                    timezone('UTC', now()), 'available', '{}', $2)
+            RETURNING id, queue)
+        SELECT id, pg_notify('public.oban_insert', '{"queue":"' || queue || '"}')
+        FROM inserted"""
+
+    @property
+    def latency_sql(self) -> str:
+        return ("SELECT id, extract(epoch FROM inserted_at) AS enqueued,"
+                " extract(epoch FROM attempted_at) AS started,"
+                " extract(epoch FROM completed_at) AS completed FROM oban_jobs WHERE id <> $1")
+
+    def process(self, url: str, log: Path, args: Sequence[str]) -> WorkerProcess:
+        return obanpy.process(conninfo(url), libpq_env(url), log, list(args))
+
+    async def install(self, url: str) -> None:
+        await asyncio.to_thread(obanpy.install_schema, conninfo(url))
+
+    async def enqueue_many(self, url: str, n: int, handler: str) -> None:
+        """The rows `Oban.enqueue_many` writes, one statement per chunk (it
+        sends its insert once per job); no NOTIFY, as nothing listens yet."""
+        arguments = ([json.dumps(p) for p in scenarios.payments(n)]
+                     if handler == PROCESS_PAYMENT else ["{}"] * n)
+        conn = await db.connect(url, application_name="jobqueue bench")
+        try:
+            for start in range(0, n, FILL_CHUNK):
+                await conn.execute(
+                    "INSERT INTO oban_jobs (args, worker, queue, state)"
+                    " SELECT a, $2, 'default', 'available'"
+                    " FROM unnest($1::jsonb[]) WITH ORDINALITY AS u (a, i) ORDER BY i",
+                    arguments[start:start + FILL_CHUNK], obanpy.WORKER_NAMES[handler])
+        finally:
+            await conn.close()
+
+    def enqueue_one(self, pool: asyncpg.Pool) -> Callable[[], Awaitable[Any]]:
+        """`insert_sql` (what `Oban.enqueue` sends) on the shared asyncpg pool."""
+        return lambda: pool.fetchval(self.insert_sql, "{}", obanpy.WORKER_NAMES[NOOP])
+
+
+_PEERS: dict[str, _Peer] = {"pgqueuer": _PgQueuer(), "procrastinate": _Procrastinate(),
+                            OBAN: _Oban()}
 
 
 def _peer(system: str) -> _Peer:
     if system not in _PEERS:
         raise ValueError(f"unknown Python peer {system!r}; one of {sorted(_PEERS)}")
     if not available(system):
-        raise ModuleNotFoundError(f"{system} is not installed: `make setup` installs the "
-                                  "`peers` extra (pip install -e '.[peers]')")
+        raise ModuleNotFoundError(
+            f"{system} cannot run here (see the warning above)" if system == OBAN else
+            f"{system} is not installed: `make setup` installs the `peers` extra "
+            "(pip install -e '.[peers]')")
     return _PEERS[system]
 
 
@@ -399,6 +487,12 @@ async def open_peer(system: str, name: str) -> str:
     database = check_bench_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
     url = await db.create_database(embedded.database_url(), database, replace=True)
     await peer.install(url)
+    conn = await db.connect(url, application_name="jobqueue bench")
+    try:  # the tables the tasks write, beside the peer's own schema
+        await conn.execute(PEER_BENCH_TABLE)
+        await scenarios.create_demo_tables(conn)
+    finally:
+        await conn.close()
     logger.info("%s installed in %s", system, database)
     return url
 
@@ -434,11 +528,6 @@ async def fill(system: str, url: str, n: int, handler: str = NOOP) -> None:
     await peer.fill(url, n, handler)
 
 
-def _process(url: str, system: str, log: Path, *args: str) -> WorkerProcess:
-    return WorkerProcess(url, log, *args, command=("-P", str(PEER_WORKER), system),
-                         env=libpq_env(url))
-
-
 # -- setups and their labels -------------------------------------------------------
 
 
@@ -472,6 +561,8 @@ def argv(setup: Mapping[str, Any], handler: str = NOOP) -> list[str]:
         return ["--batch-size", str(setup.get("batch_size", 10))]
     if system == "procrastinate":
         return ["--concurrency", str(setup.get("concurrency", 1))]
+    if system == OBAN:
+        return obanpy.worker_argv(int(setup.get("limit", obanpy.DOCS_LIMIT)))
     if system == GRAPHILE:
         return graphile.knobs(graphile.preset_options(_graphile_concurrency(setup)))
     if system == "course design":
@@ -493,6 +584,8 @@ def label(system: str, args: str | Sequence[str], workers: int = 1) -> str:
     procs = f"{workers} process{'es' if workers > 1 else ''}"
     if system == "jobqueue":
         return scenarios.worker_label(words, workers)
+    if system == OBAN:
+        return obanpy.settings(words, workers)
     if system in _PEERS:
         opts = build_parser().parse_args([system, *words])
         if system == "pgqueuer":
@@ -537,14 +630,15 @@ def preset(setup: Mapping[str, Any]) -> str:
 
 def comparison_setups(handler: str, *, processes: Sequence[int], pgqueuer_batch: int,
                       procrastinate_concurrency: int, procrastinate_n: int, course_n: int,
-                      graphile_worker: bool = True, perftest: bool = False
-                      ) -> list[dict[str, Any]]:
+                      graphile_worker: bool = True, perftest: bool = False,
+                      oban_limit: int | None = obanpy.DOCS_LIMIT) -> list[dict[str, Any]]:
     """The comparison's setups for one workload, system by system: every
     queue with each of `processes` worker processes, as its docs advise for
     throughput (`RECOMMENDED`): jobqueue at the CLI's defaults (`--shared`
     for more than one process, so that all of them work), PgQueuer at
     `pgqueuer_batch`, graphile-worker with perfTest's options, Procrastinate at
-    `procrastinate_concurrency` (and its smaller `procrastinate_n`); plus
+    `procrastinate_concurrency` (and its smaller `procrastinate_n`), oban-py
+    by `oban start` with a queue of `oban_limit` (None: left out); plus
     graphile-worker's whole perfTest configuration (`perftest`) and the
     course's design (no-op jobs only)."""
     def each(setup: dict[str, Any]) -> list[dict[str, Any]]:
@@ -559,6 +653,8 @@ def comparison_setups(handler: str, *, processes: Sequence[int], pgqueuer_batch:
             setups.append({"system": GRAPHILE, "workers": graphile.PERFTEST_PROCESSES})
     setups += each({"system": "procrastinate", "concurrency": procrastinate_concurrency,
                     "n": procrastinate_n})
+    if oban_limit is not None:
+        setups += each({"system": OBAN, "limit": oban_limit})
     if handler == NOOP:
         setups.append({"system": "course design", "n": course_n})
     return setups
@@ -568,35 +664,59 @@ def comparison_setups(handler: str, *, processes: Sequence[int], pgqueuer_batch:
 
 
 async def drain(system: str, url: str, *, n: int, workers: int = 1, batch_size: int = 10,
-                concurrency: int = 1, handler: str = NOOP, timeout: float = 900.0,
-                log_dir: Path | None = None) -> dict[str, Any]:
+                concurrency: int = 1, limit: int = obanpy.DOCS_LIMIT, handler: str = NOOP,
+                timeout: float = 900.0, log_dir: Path | None = None) -> dict[str, Any]:
     """One drain of a Python peer: fill n jobs of type `handler`, start
-    `workers` worker processes in the peer's drain mode, wait for them to
-    exit; throughput from the first claim to the last completion the peer
-    recorded, and each process's RSS. Raises RuntimeError unless every job
-    completed exactly once and wrote exactly its rows
+    `workers` worker processes (PgQueuer's `batch_size`, Procrastinate's
+    `concurrency`, oban-py's queue `limit`) in the peer's drain mode and wait
+    for them to exit, or, for a peer without one, stop them (SIGTERM) once no
+    job is left to run; throughput from the first claim to the last
+    completion the peer recorded, and each process's RSS. Raises RuntimeError
+    unless every job completed exactly once and wrote exactly its rows
     (`scenarios.check_writes`)."""
-    row, _ = await _drain(system, url, n=n, workers=workers, batch_size=batch_size,
-                          concurrency=concurrency, handler=handler, timeout=timeout,
+    setup = {"system": system, "workers": workers, "batch_size": batch_size,
+             "concurrency": concurrency, "limit": limit}
+    row, _ = await _drain(system, url, n=n, setup=setup, handler=handler, timeout=timeout,
                           log_dir=log_dir)
     return row
 
 
-async def _drain(system: str, url: str, *, n: int, workers: int, batch_size: int,
-                 concurrency: int, handler: str, timeout: float, log_dir: Path | None
+async def _until_drained(url: str, peer: _Peer, procs: Sequence[WorkerProcess],
+                         timeout: float) -> None:
+    """For a peer without a drain mode: wait until `busy_sql` finds nothing
+    left to run (RuntimeError if a process exits first), then stop them."""
+    conn = await db.connect(url, application_name="jobqueue bench")
+    try:
+        async def drained() -> bool:
+            if any(p.proc.poll() is not None for p in procs):
+                raise RuntimeError(f"{peer.system} worker exited: {procs[0].log()[-2000:]}")
+            return not await conn.fetchval(peer.busy_sql)
+
+        await wait_for(drained, timeout=timeout, interval=0.05,
+                       message=f"{peer.system} to run every job")
+    finally:
+        await conn.close()
+    await asyncio.gather(*(p.stop() for p in procs))
+
+
+async def _drain(system: str, url: str, *, n: int, setup: Mapping[str, Any], handler: str,
+                 timeout: float, log_dir: Path | None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     peer = _peer(system)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"{system}-drain-"))
-    setup = {"system": system, "workers": workers, "batch_size": batch_size,
-             "concurrency": concurrency}
+    workers = int(setup.get("workers", 1))
     await fill(system, url, n, handler)
     args = argv(setup)
-    procs = [_process(url, system, log_dir / f"drain-{i}.log", *args, "--drain")
+    drain_mode = ["--drain"] if peer.drains_itself else []
+    procs = [peer.process(url, log_dir / f"drain-{i}.log", [*args, *drain_mode])
              for i in range(workers)]
     try:
         async with rss.RssSampler(p.pid for p in procs) as sampler:
-            for p in procs:
-                await p.finish(timeout)
+            if peer.drains_itself:
+                for p in procs:
+                    await p.finish(timeout)
+            else:
+                await _until_drained(url, peer, procs, timeout)
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
             row = await conn.fetchrow(peer.drain_sql)
@@ -614,23 +734,29 @@ async def _drain(system: str, url: str, *, n: int, workers: int, batch_size: int
             p.close()
     first, last = float(row["first"]), float(row["last"])
     seconds = last - first
-    opts = build_parser().parse_args([system, *args])
+    batch: int | None
+    concurrency: int | None
+    if system == OBAN:
+        batch, concurrency = None, obanpy.limit_of(args)
+    else:
+        opts = build_parser().parse_args([system, *args])
+        batch = opts.batch_size if system == "pgqueuer" else None
+        concurrency = opts.concurrency if system == "procrastinate" else None
     result = {"system": system, "argv": shlex.join(args), "settings": label(system, args, workers),
-              "n": n, "workers": workers,
-              "batch_size": opts.batch_size if system == "pgqueuer" else None,
-              "concurrency": opts.concurrency if system == "procrastinate" else None,
+              "n": n, "workers": workers, "batch_size": batch, "concurrency": concurrency,
               "handler": handler, "seconds": seconds, "jobs_per_sec": n / seconds,
               **rss.summary(sampler.samples, first, last)}
     return result, rss.timeline(sampler.samples, first)
 
 
-async def memory_timeline(system: str, url: str, *, n: int, batch_size: int = 10,
-                          concurrency: int = 1, timeout: float = 3600.0) -> dict[str, Any]:
+async def memory_timeline(system: str, url: str, *, n: int,
+                          setup: Mapping[str, Any] | None = None, timeout: float = 3600.0
+                          ) -> dict[str, Any]:
     """One worker of a peer draining n jobs, its RSS sampled over time (as
-    `scenarios.memory_timeline`)."""
-    row, timeline = await _drain(system, url, n=n, workers=1, batch_size=batch_size,
-                                 concurrency=concurrency, handler=NOOP, timeout=timeout,
-                                 log_dir=None)
+    `scenarios.memory_timeline`), configured by `setup` (as `argv` reads it)."""
+    row, timeline = await _drain(system, url, n=n,
+                                 setup={**(setup or {}), "system": system, "workers": 1},
+                                 handler=NOOP, timeout=timeout, log_dir=None)
     return {"summary": row, "timeline": timeline}
 
 
@@ -759,7 +885,7 @@ async def idle_worker(system: str, url: str, setup: Mapping[str, Any] | None = N
     if system == "jobqueue":
         worker = WorkerProcess(url, log_dir / "worker.log", *args)
     else:
-        worker = _process(url, system, log_dir / "worker.log", *args)
+        worker = peer.process(url, log_dir / "worker.log", args)
     try:
         async with peer.producer(url, connections) as enqueue_one:
             warm = await enqueue_one()
@@ -841,9 +967,8 @@ async def drain_setup(urls: Mapping[str, str], setup: Mapping[str, Any], *, n: i
         row = await graphile.drain(urls[GRAPHILE], n=n, workers=workers, handler=handler,
                                    concurrency=_graphile_concurrency(setup))
     else:
-        row = await drain(system, urls[system], n=n, workers=workers, handler=handler,
-                          batch_size=int(setup.get("batch_size", 10)),
-                          concurrency=int(setup.get("concurrency", 1)))
+        row, _ = await _drain(system, urls[system], n=n, setup=setup, handler=handler,
+                              timeout=900.0, log_dir=None)
     return {**row, "system": system, "settings": label(system, row["argv"], workers),
             "preset": preset_of(system, row["argv"], workers)}
 
@@ -906,9 +1031,7 @@ async def memory_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[st
                 result = await scenarios.memory_timeline(urls[system], n=n,
                                                          flags=jobqueue_flags(setup))
             else:
-                result = await memory_timeline(
-                    system, urls[system], n=n, batch_size=int(setup.get("batch_size", 10)),
-                    concurrency=int(setup.get("concurrency", 1)))
+                result = await memory_timeline(system, urls[system], n=n, setup=setup)
             row = result["summary"]
             tags = {"system": system, "settings": label(system, row["argv"])}
             growth = row["rss_end_mib"] - row["rss_start_mib"]

@@ -789,10 +789,12 @@ def failover_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.F
 
 #: One colour per system in every comparison figure.
 SYSTEM_COLORS = {"jobqueue": "tab:blue", "pgqueuer": "tab:orange",
-                 "procrastinate": "tab:green", "graphile-worker": "tab:purple",
+                 "procrastinate": "tab:green", "oban-py": "tab:brown",
+                 "graphile-worker": "tab:purple",
                  "course design": "tab:gray"}
 SYSTEM_NAMES = {"jobqueue": "jobqueue", "pgqueuer": "PgQueuer",
-                "procrastinate": "Procrastinate", "graphile-worker": "graphile-worker",
+                "procrastinate": "Procrastinate", "oban-py": "oban-py",
+                "graphile-worker": "graphile-worker",
                 "course design": "course design"}
 #: What each drain's jobs do, as headings and titles say it.
 WORKLOADS = {"noop": "no-op jobs",

@@ -7,7 +7,7 @@ idle with an xid, or a REPEATABLE READ report that keeps its snapshot — pins
 the database's xmin horizon: from then on nothing dead can go, and each claim
 steps over more and more of it (`jobqueue.ops.horizon` names who holds it).
 
-`run` takes one system (jobqueue, PgQueuer or Procrastinate, each in its
+`run` takes one system (jobqueue, PgQueuer, Procrastinate or oban-py, each in its
 own database and with its own worker process, configured as in the
 comparison: `peers.idle_worker`) through a list of phases, `PHASES`, while
 jobs arrive one by one at scheduled times, each in its own transaction
@@ -58,7 +58,7 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db
-from jobqueue.benchmarks import peers, scenarios
+from jobqueue.benchmarks import obanpy, peers, scenarios
 from jobqueue.benchmarks.quick import quantile
 from jobqueue.ops import horizon
 from jobqueue.schema.queries import queries
@@ -73,11 +73,13 @@ PROBE = "pressure probe"
 #: The systems measured, as the comparison's latency runs configure them
 #: (one worker process each): jobqueue as the README starts it, PgQueuer at
 #: jobqueue's batch ceiling, Procrastinate at its docs' example concurrency
-#: (its drain smaller: it sustains a few hundred jobs/s).
+#: (its drain smaller: it sustains a few hundred jobs/s), oban-py by its CLI
+#: with its docs' queue limit.
 SETUPS: tuple[dict[str, Any], ...] = (
     {"system": "jobqueue", "flags": []},
     {"system": "pgqueuer", "batch_size": DEFAULT_BATCH_SIZE},
     {"system": "procrastinate", "concurrency": 30, "n": 600},
+    {"system": "oban-py", "limit": obanpy.DOCS_LIMIT, "n": 5_000},
 )
 
 
@@ -655,7 +657,7 @@ def wait_rows(phase_list: Sequence[Phase], bounds: Sequence[float],
 
 
 def _database(system: str, prefix: str) -> str:
-    return prefix if system == "jobqueue" else f"{prefix}_{system}"
+    return prefix if system == "jobqueue" else f"{prefix}_{system.replace('-', '_')}"
 
 
 async def open_databases(systems: Sequence[str], prefix: str = "pressure") -> dict[str, str]:

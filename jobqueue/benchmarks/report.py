@@ -8,7 +8,7 @@ the sentences that comment on them are computed from the same numbers.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -530,18 +530,19 @@ COMPARISON_DRAINS = (("comparison_drain", "noop"), ("comparison_write_row", "wri
 #: Setups the findings single out (`peers.preset`'s values).
 CLI_DEFAULTS, PERFTEST = "CLI defaults", "perfTest"
 #: The Python and Node.js queues jobqueue is measured against (not the course design).
-QUEUES = ("pgqueuer", "procrastinate", "graphile-worker")
+QUEUES = ("pgqueuer", "procrastinate", "oban-py", "graphile-worker")
 
 
 def _peers(results: Path) -> str:
-    """jobqueue beside PgQueuer, Procrastinate, graphile-worker and the
-    course's design (`comparison.ipynb`): drains of no-op and of real-work
+    """jobqueue beside PgQueuer, Procrastinate, oban-py, graphile-worker and
+    the course's design (`comparison.ipynb`): drains of no-op and of real-work
     jobs, then latency and memory where measured."""
     df, context = load("comparison_drain", results)
     versions = ", ".join(f"{plots.SYSTEM_NAMES[k.removesuffix('_version')]} {v}"
                          for k, v in context.items() if k.endswith("_version"))
     lines = [
-        "## Beside its peers: PgQueuer, Procrastinate, graphile-worker and the course's design",
+        "## Beside its peers: PgQueuer, Procrastinate, oban-py, graphile-worker and the "
+        "course's design",
         "",
         f"Same server, one run ({versions or 'peer versions unknown'}). Each system runs as "
         "real worker processes in the configuration its own documentation advises for "
@@ -553,13 +554,15 @@ def _peers(results: Path) -> str:
         "every system: `write_row` INSERTs one row; `process_payment` (the seed's handler) "
         "UPDATEs a user's balance and INSERTs the payment in one transaction. Each peer's "
         "task writes through a pool of its own, as its docs show (PgQueuer an asyncpg pool "
-        "passed as a shared resource, Procrastinate its connector's pool, graphile-worker "
+        "passed as a shared resource, Procrastinate its connector's pool, oban-py a psycopg "
+        "pool of the tasks' own, graphile-worker "
         "`helpers.query` and `helpers.withPgClient`); jobqueue's handlers write through the "
         "session it hands them, in the batch's transaction. Every drain checks that each job "
         "ran once and wrote exactly its rows. Throughput comes from the timestamps each "
         "system writes on PostgreSQL's clock (claimed: `jobs.started_at`, PgQueuer's "
-        "`picked` log row, Procrastinate's `started` event, graphile-worker's `locked_at`; "
-        "completion recorded: `jobs.completed_at`, `successful`, `succeeded`; "
+        "`picked` log row, Procrastinate's `started` event, oban-py's `attempted_at`, "
+        "graphile-worker's `locked_at`; completion recorded: `jobs.completed_at`, "
+        "`successful`, `succeeded`, `completed_at`; "
         "graphile-worker keeps no record of a completion, so its drain ends at the first "
         "10 ms sample that finds its jobs table empty). The course's design runs in the "
         "benchmark's own process, timed by its client clock.", "",
@@ -609,8 +612,8 @@ def commit_findings(df: pd.DataFrame) -> list[str]:
     return [f"{names} commit per job (Procrastinate twice: the claim, then the completion) "
             f"and stay between {per_job['median'].min():,.0f} and "
             f"{per_job['median'].max():,.0f} jobs/s: every job waits for a durable commit of "
-            "its own. PgQueuer, graphile-worker and jobqueue claim in batches; jobqueue also "
-            "records a batch's completions in the same transaction."]
+            "its own. PgQueuer, oban-py, graphile-worker and jobqueue claim in batches; "
+            "jobqueue also records a batch's completions in the same transaction."]
 
 
 def configuration_notes(df: pd.DataFrame) -> list[str]:
@@ -664,7 +667,7 @@ def _best(rows: pd.DataFrame) -> pd.Series | None:
 
 
 #: The order the findings name the other systems in.
-_OTHERS = ("pgqueuer", "graphile-worker", "procrastinate", "course design")
+_OTHERS = ("pgqueuer", "graphile-worker", "oban-py", "procrastinate", "course design")
 
 
 def drain_findings(df: pd.DataFrame) -> list[str]:
@@ -941,6 +944,12 @@ def _limits(results: Path) -> str:
     ])
 
 
+def _names(systems: Iterable[str]) -> str:
+    """`jobqueue, PgQueuer and Procrastinate`: the systems a results file holds."""
+    names = [plots.SYSTEM_NAMES[x] for x in dict.fromkeys(systems)]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def _pressure(results: Path) -> str:
     """The queues while vacuum is held back (`pressure.ipynb`)."""
     df, context = load("pressure", results)
@@ -950,7 +959,7 @@ def _pressure(results: Path) -> str:
         "A session that keeps a transaction open pins the xmin horizon: from then on vacuum can "
         "remove no row version that died after it began, and every finished job's dead "
         "versions stay in the queue's tables and indexes for each claim to step over. "
-        "jobqueue, PgQueuer and Procrastinate go through the same phases in one run.", "",
+        f"{_names(df['system'])} go through the same phases in one run.", "",
         *pressure_report.method(df, context), "",
         plots.markdown(pressure_report.table(df), ",.1f"), "",
         *configuration_notes(df), "",

@@ -27,21 +27,29 @@ TIMEOUT = 60
 async def peer_url(request: pytest.FixtureRequest, server_url: str) -> AsyncIterator[str]:
     """A database of the peer's own, its schema installed by its own API."""
     system = request.param
-    pytest.importorskip(system)
+    if not peers.available(system):
+        pytest.skip(f"{system} cannot run here")
     name = f"t{uuid.uuid4().hex[:8]}"
     url = await peers.open_peer(system, name)
     yield url
     await scenarios.close_bench(name)
 
 
+#: Each peer's count of jobs completed, from its own tables.
+DONE = {"pgqueuer": "SELECT count(DISTINCT job_id) FROM pgqueuer_log WHERE status = 'successful'",
+        "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
+        "oban-py": "SELECT count(*) FROM oban_jobs WHERE state = 'completed' AND attempt = 1"}
+
+
 @pytest.mark.parametrize(("peer_url", "setting"),
                          [("pgqueuer", {"batch_size": 10, "workers": 1}),
                           ("pgqueuer", {"batch_size": 50, "workers": 2}),
-                          ("procrastinate", {"concurrency": 4, "workers": 1})],
+                          ("procrastinate", {"concurrency": 4, "workers": 1}),
+                          ("oban-py", {"limit": 5, "workers": 2})],
                          indirect=["peer_url"])
 async def test_each_peer_drains_every_job_with_real_processes(
-        peer_url: str, setting: dict[str, int]) -> None:
-    system = "pgqueuer" if "batch_size" in setting else "procrastinate"
+        peer_url: str, setting: dict[str, int], request: pytest.FixtureRequest) -> None:
+    system = request.node.callspec.params["peer_url"]
     row = await peers.drain(system, peer_url, n=200, **setting)
     assert row["system"] == system and row["n"] == 200
     assert row["seconds"] > 0 and row["jobs_per_sec"] > 0
@@ -50,17 +58,13 @@ async def test_each_peer_drains_every_job_with_real_processes(
     try:  # every job done, seen in the peer's own tables (drain checks this too)
         if system == "pgqueuer":
             assert await conn.fetchval("SELECT count(*) FROM pgqueuer") == 0
-            done = await conn.fetchval(
-                "SELECT count(DISTINCT job_id) FROM pgqueuer_log WHERE status = 'successful'")
-        else:
-            done = await conn.fetchval(
-                "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+        done = await conn.fetchval(DONE[system])
     finally:
         await conn.close()
     assert done == 200
 
 
-@pytest.mark.parametrize("peer_url", ["pgqueuer", "procrastinate"], indirect=True)
+@pytest.mark.parametrize("peer_url", ["pgqueuer", "procrastinate", "oban-py"], indirect=True)
 @pytest.mark.serial  # it measures a schedule: another test's load beside it skews the clock
 async def test_open_loop_latencies_of_a_peer_are_sane(peer_url: str, request) -> None:
     system = request.node.callspec.params["peer_url"]
@@ -168,6 +172,8 @@ def test_labels_are_read_back_from_the_arguments_alone() -> None:
     assert peers.label("pgqueuer", "--batch-size 7", 2) == "batch 7, 2 processes"
     assert peers.label("pgqueuer", "") == "batch 10, 1 process"  # peer_worker's default
     assert peers.label("procrastinate", ["--concurrency", "3"]) == "concurrency 3, 1 process"
+    assert peers.label("oban-py", "--queues default:7", 2) == (
+        "limit 7, 2 processes, `oban start`")
     assert peers.label("graphile-worker", "concurrentJobs=3 maxPoolSize=4") == (
         "concurrency 3, 1 process, perfTest's other options")
     assert "batch 100," in peers.label("jobqueue", "--import m --batch-size 100")
@@ -187,7 +193,7 @@ def test_the_comparison_gives_every_queue_the_same_process_counts() -> None:
     for s in setups:
         counts.setdefault(s["system"], set()).add(s.get("workers", 1))
     assert counts == {"jobqueue": {1, 2}, "pgqueuer": {1, 2}, "procrastinate": {1, 2},
-                      "graphile-worker": {1, 2, graphile.PERFTEST_PROCESSES}}
+                      "oban-py": {1, 2}, "graphile-worker": {1, 2, graphile.PERFTEST_PROCESSES}}
     two = [s for s in setups if s["system"] == "jobqueue" and s["workers"] == 2]
     assert two[0]["flags"] == ["--shared"]  # so that both processes take jobs
     assert "course design" not in counts  # no-op jobs only
@@ -258,11 +264,12 @@ async def test_jobqueue_real_work_writes_exactly_its_rows(server_url: str) -> No
 
 @pytest.mark.parametrize(("peer_url", "setting"),
                          [("pgqueuer", {"batch_size": 50, "workers": 2}),
-                          ("procrastinate", {"concurrency": 4, "workers": 1})],
+                          ("procrastinate", {"concurrency": 4, "workers": 1}),
+                          ("oban-py", {"limit": 4, "workers": 1})],
                          indirect=["peer_url"])
-async def test_each_peer_pays_each_payment_exactly_once(peer_url: str,
-                                                        setting: dict[str, int]) -> None:
-    system = "pgqueuer" if "batch_size" in setting else "procrastinate"
+async def test_each_peer_pays_each_payment_exactly_once(
+        peer_url: str, setting: dict[str, int], request: pytest.FixtureRequest) -> None:
+    system = request.node.callspec.params["peer_url"]
     row = await peers.drain(system, peer_url, n=150, handler="process_payment", **setting)
     assert row["handler"] == "process_payment" and row["n"] == 150
     conn = await db.connect(peer_url)
@@ -355,9 +362,15 @@ async def test_every_row_is_labelled_from_the_arguments_its_processes_got(
     setups = [{"system": "jobqueue", "flags": ["--batch-size", "50", "--concurrency", "1"]},
               {"system": "pgqueuer", "batch_size": 7, "workers": 2},
               {"system": "procrastinate", "concurrency": 3, "n": 30, "workers": 2}]
+    knobs = {"jobqueue": ("--batch-size 50", "batch 50"), "pgqueuer": ("--batch-size 7", "batch 7"),
+             "procrastinate": ("--concurrency 3", "concurrency 3")}
+    if peers.available("oban-py"):
+        names["oban-py"] = f"t{tag}_oban"
+        setups.append({"system": "oban-py", "limit": 3, "n": 30, "workers": 2})
+        knobs["oban-py"] = ("--queues default:3", "limit 3")
     urls = {"jobqueue": await scenarios.open_bench(names["jobqueue"])}
     try:
-        for system in ("pgqueuer", "procrastinate"):
+        for system in names.keys() - {"jobqueue"}:
             urls[system] = await peers.open_peer(system, names[system])
         drains = await peers.drain_comparison(urls, setups, n=60, repeat=1)
         latency, _ = await peers.latency_comparison(urls, setups, rates=[40], seconds=0.25,
@@ -367,8 +380,6 @@ async def test_every_row_is_labelled_from_the_arguments_its_processes_got(
     finally:
         for name in names.values():
             await scenarios.close_bench(name)
-    knobs = {"jobqueue": ("--batch-size 50", "batch 50"), "pgqueuer": ("--batch-size 7", "batch 7"),
-             "procrastinate": ("--concurrency 3", "concurrency 3")}
     for rows in (drains, latency, memory):
         assert {r["system"] for r in rows} == set(knobs)  # something to check, every system
         for row in rows:

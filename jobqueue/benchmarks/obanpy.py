@@ -1,0 +1,167 @@
+"""oban-py (the `oban` package on PyPI, the Python port of Elixir's Oban) as
+a peer of the comparison benchmark: where it is installed and how its worker
+starts. `peers` holds the rest, as for the other Python peers.
+
+oban-py needs Python 3.12 or newer and jobqueue supports 3.11, so it cannot
+share the lab's virtualenv: `install()` builds one of its own in
+`<checkout>/bench-results/oban-py/` (git-ignored) with the first Python 3.12+
+it finds (on PATH, then pyenv's), and pip installs `oban==0.7.0` (exact)
+into it. `available()` is False, with a one-line warning, where there is no
+such Python or the install fails.
+
+**Its documented configuration.** oban-py's production guide recommends its
+CLI: `oban start` "is already production-ready" (its JSON log line per job
+at INFO, the pruner, orphan rescue), with queues given as `name:limit` (its
+docs' examples use `default = 10`) and its connection pool at its defaults
+(1 to 10). The comparison starts it exactly so, `oban start --queues
+default:<limit>`, with the database in `OBAN_DSN`; its schema is installed
+by its own `oban install`. The workers (`oban_workers/bench_oban.py`) write
+through a psycopg pool of their own. oban-py has no drain mode: a drain
+stops its processes with SIGTERM (its graceful shutdown) once no job is left
+to run, as jobqueue's are stopped.
+
+**Timing.** oban-py keeps a finished job's row, with `inserted_at`,
+`attempted_at` (the claim) and `completed_at`, each its statement's `now()`
+in UTC (`timestamp without time zone`). `completed_at` is written when its
+producer acknowledges a batch of finished jobs, at its next fetch: the time a
+completion was recorded, as for every other system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from jobqueue.benchmarks.peer_worker import NOOP, PROCESS_PAYMENT, WRITE_ROW
+from jobqueue.testing import WorkerProcess
+
+logger = logging.getLogger(__name__)
+
+SYSTEM = "oban-py"
+PACKAGE = "oban"
+VERSION = "0.7.0"
+CHECKOUT = Path(__file__).resolve().parents[2]
+INSTALL_DIR = CHECKOUT / "bench-results" / "oban-py"
+WORKERS = Path(__file__).with_name("oban_workers")
+INSTALL_TIMEOUT = 600.0
+#: The queue limit of its docs' examples (`[queues] default = 10`).
+DOCS_LIMIT = 10
+#: The worker class oban-py runs for each of the lab's job types.
+WORKER_NAMES = {NOOP: "bench_oban.Noop", WRITE_ROW: "bench_oban.WriteRow",
+                PROCESS_PAYMENT: "bench_oban.ProcessPayment"}
+
+# `WorkerProcess` runs `python <command>`; exec'ing the venv's Python from there keeps the
+# pid, so its signals, its kill and the RSS sampler all reach oban-py itself.
+_EXEC = "import os, sys; os.execvp(sys.argv[1], sys.argv[1:])"
+
+
+def python(folder: Path = INSTALL_DIR) -> Path:
+    """The interpreter of oban-py's virtualenv."""
+    return folder / "venv" / "bin" / "python"
+
+
+def _installed(folder: Path) -> bool:
+    return any((folder / "venv" / "lib").glob(f"python3.*/site-packages/oban-{VERSION}.dist-info"))
+
+
+def _python312() -> str | None:
+    """The first Python 3.12 or newer on PATH or among pyenv's versions."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = [shutil.which(f"python3.{minor}") for minor in (14, 13, 12)]
+    candidates += [str(p) for p in sorted(root.glob("versions/3.1[2-9]*/bin/python3"))]
+    for candidate in filter(None, candidates):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            if subprocess.run([candidate, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"],
+                              capture_output=True, timeout=30).returncode == 0:
+                return candidate
+    return None
+
+
+def install(folder: Path = INSTALL_DIR) -> Path:
+    """oban-py, pinned, in a virtualenv of its own in `folder` unless it is
+    there already (a file lock keeps two callers from installing at once);
+    the folder. RuntimeError without a Python 3.12+ or if pip fails."""
+    if _installed(folder):
+        return folder
+    base = _python312()
+    if base is None:
+        raise RuntimeError("oban-py needs Python 3.12 or newer, and none was found")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _installed(folder):
+            return folder
+        logger.info("installing %s==%s into %s with %s", PACKAGE, VERSION, folder, base)
+        for step in ([base, "-m", "venv", "--clear", str(folder / "venv")],
+                     [str(python(folder)), "-m", "pip", "install", "--quiet",
+                      "--disable-pip-version-check", f"{PACKAGE}=={VERSION}"]):
+            done = subprocess.run(step, capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(step[:4])} failed ({done.returncode}): "
+                                   f"{(done.stdout + done.stderr)[-2000:]}")
+        if not _installed(folder):
+            raise RuntimeError(f"pip did not install {PACKAGE}=={VERSION} into {folder}")
+    return folder
+
+
+def available() -> bool:
+    """Whether oban-py can run here (installing it now if need be); False
+    with a one-line warning otherwise, so the comparison skips it."""
+    try:
+        install()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        logger.warning("oban-py skipped: %s", str(e).splitlines()[0])
+        return False
+    return True
+
+
+def python_version() -> str:
+    """The version of the Python oban-py runs on, for the results' header."""
+    done = subprocess.run([str(python()), "--version"], capture_output=True, text=True,
+                          timeout=30)
+    return done.stdout.strip().removeprefix("Python ") or "?"
+
+
+def worker_argv(limit: int = DOCS_LIMIT) -> list[str]:
+    """`oban start`'s arguments for one queue of `limit` concurrent jobs:
+    the `argv` a run records, and what `limit_of` reads back."""
+    return ["--queues", f"default:{limit}"]
+
+
+def limit_of(args: list[str]) -> int:
+    """The queue limit a run's recorded arguments gave oban-py."""
+    queues = dict(q.split(":", 1) for q in args[args.index("--queues") + 1].split(","))
+    return int(queues["default"])
+
+
+def settings(args: list[str], workers: int) -> str:
+    """The label the tables show, read from the recorded arguments."""
+    procs = f"{workers} process{'es' if workers > 1 else ''}"
+    return f"limit {limit_of(args)}, {procs}, `oban start`"
+
+
+def process(conninfo: str, env: dict[str, str], log: Path, args: list[str]) -> WorkerProcess:
+    """One `oban start` process (its CLI, `python -m oban start`, in its own
+    virtualenv), the workers module on its path, the database in `OBAN_DSN`
+    and in libpq's variables (`env`) for the tasks' pool."""
+    folder = install()
+    return WorkerProcess(
+        conninfo, log, str(python(folder)), "-m", "oban", "start", *args,
+        cwd=WORKERS, command=("-c", _EXEC),
+        env={**env, "OBAN_DSN": conninfo, "PYTHONPATH": str(WORKERS),
+             "BENCH_POOL_SIZE": str(limit_of(args))})
+
+
+def install_schema(conninfo: str) -> None:
+    """oban-py's tables, by its own CLI (`oban install`)."""
+    folder = install()
+    done = subprocess.run([str(python(folder)), "-m", "oban", "install", "--dsn", conninfo],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"oban install exited with {done.returncode}: "
+                           f"{(done.stdout + done.stderr)[-2000:]}")
