@@ -16,7 +16,9 @@ import matplotlib
 import pandas as pd
 
 from jobqueue.benchmarks import context as results_context
-from jobqueue.benchmarks import load, peers, plots, pressure_report, run_record
+from jobqueue.benchmarks import headline, load, peers, plots, pressure_report, run_record
+from jobqueue.benchmarks.headline import COMPARISON_DRAINS
+from jobqueue.benchmarks.headline import best as _best
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 RESULTS = CHECKOUT / "notebooks" / "benchmarks" / "results"
@@ -405,19 +407,6 @@ def soak_findings(row: pd.Series) -> list[str]:
     return lines
 
 
-def soak_sentence(results: Path = RESULTS) -> str:
-    """The long run in one clause, for the README: computed from the results
-    file as BENCHMARKS.md's section is, so the two cannot disagree."""
-    summary, _ = load("throughput_soak", results)
-    row = summary.iloc[0]
-    shape = ("still climbing at the end"
-             if _climbing(row["dead_peak_last"], row["dead_peak_middle"]) else "in a saw-tooth")
-    return (f"a run of {row['seconds']:,.0f} s at {row['rate']:,.0f} jobs/s keeps dead row "
-            f"versions {shape} "
-            f"(peaks {row['dead_peak_middle']:,.0f} in its second third, then "
-            f"{row['dead_peak_last']:,.0f}) and the worker at {row['rss_mib_end']:,.0f} MiB")
-
-
 def _latency(results: Path) -> str:
     df, _ = load("latency", results)
     samples, _ = load("latency_samples", results)
@@ -524,13 +513,10 @@ def _failover(results: Path) -> list[str]:
     ]
 
 
-#: The comparison's drain results, one file per workload (what the jobs do).
-COMPARISON_DRAINS = (("comparison_drain", "noop"), ("comparison_write_row", "write_row"),
-                     ("comparison_process_payment", "process_payment"))
 #: Setups the findings single out (`peers.preset`'s values).
-CLI_DEFAULTS, PERFTEST = "CLI defaults", "perfTest"
+CLI_DEFAULTS, PERFTEST = peers.CLI_DEFAULTS, peers.PERFTEST
 #: The Python and Node.js queues jobqueue is measured against (not the course design).
-QUEUES = ("pgqueuer", "procrastinate", "oban-py", "graphile-worker")
+QUEUES = peers.PEERS
 
 
 def _peers(results: Path) -> str:
@@ -660,10 +646,6 @@ def _named(row: pd.Series, usual: int, whose: str = "best") -> str:
 def _who(row: pd.Series, usual: int) -> str:
     """`PgQueuer (batch 500, 2 processes: 6,924 jobs/s)`."""
     return f"{plots.SYSTEM_NAMES[row['system']]} ({_setting(row, usual)})"
-
-
-def _best(rows: pd.DataFrame) -> pd.Series | None:
-    return None if rows.empty else rows.loc[rows["median"].idxmax()]
 
 
 #: The order the findings name the other systems in.
@@ -1075,7 +1057,11 @@ def render(results: Path = RESULTS, target: Path = CHECKOUT / "BENCHMARKS.md") -
         raise FileNotFoundError(f"no results in {results}: run `make bench` first")
     context = results_context(available[0][0], results)
     record = run_record(results)
-    body = ["# jobqueue — benchmarks", _header(results, record, context), _setup(context)]
+    body = ["# jobqueue — benchmarks", _header(results, record, context)]
+    glance = headline.markdown(results)
+    if glance:
+        body.append("\n".join(["## At a glance: jobqueue against each peer", "", *glance]))
+    body.append(_setup(context))
     for name, fn in available:
         title, _, rest = fn(results).partition("\n")
         body.append(f"{title}\n\n{stamp(results, name, record, context.get('cpu'))}\n{rest}")

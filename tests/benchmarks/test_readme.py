@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jobqueue.benchmarks import readme, report, save
+from jobqueue.benchmarks import headline, readme, report, save
 from tests.benchmarks.test_benchmarks import _rows
 
 
@@ -23,24 +23,44 @@ def _results(tmp_path: Path, write_row: dict[str, float]) -> Path:
     return tmp_path
 
 
-def test_the_summary_is_computed_from_the_medians(tmp_path: Path) -> None:
+def test_the_summary_opens_with_the_headline_table(tmp_path: Path) -> None:
     results = _results(tmp_path, {"jobqueue": 3_000, "graphile 1": 3_300, "pgqueuer": 1_700,
                                   "jobqueue shared": 4_500, "pgqueuer 2": 2_000})
     text = readme.summary(results)
     assert text.startswith(readme.START) and text.endswith(readme.END)
-    assert "| jobqueue, 1 process (CLI defaults) | 32,000 | 3,000 |" in text
-    assert "| PgQueuer, 2 processes | 6,400 | 2,000 |" in text
-    assert "| Procrastinate, 1 process | 250 (2,500 jobs) |  |" in text
-    assert "| graphile-worker, 4 processes | 10,000 |  |" in text
-    # The one place a peer is ahead, and only that one, is named with its ratio.
-    assert ("Where jobqueue is not ahead: jobs that INSERT one row (write_row), 1 process: "
-            "graphile-worker 3,300 jobs/s against jobqueue's 3,000 (1.10×).") in text
-    assert text.count("jobs/s against jobqueue's") == 1
+    assert headline.LEGEND in text
+    rows = [line for line in text.splitlines() if line.startswith("| drain")]
+    # jobqueue at its CLI defaults (one process) against each peer's best, any process count.
+    assert rows[0].startswith("| drain, noop (jobs/s) | 32,000 | PgQueuer: 6,400 (batch 500, "
+                              "2 processes) | 5.00 |"), rows[0]
+    assert "| Procrastinate: 250 (concurrency 5, 1 process) | 128.00 | Procrastinate drained "
+    assert ("Procrastinate drained 2,500 jobs, jobqueue 50,000" in rows[1]), rows[1]
+    assert "graphile-worker: 16,000" in rows[2] and "| 2.00 |" in rows[2]
+    # Where a peer is ahead, the lead is under 1 and says so by itself.
+    write_row = [r for r in rows if r.startswith("| drain, write_row")]
+    assert [r.split(" | ")[3] for r in write_row] == ["1.50", "0.91"], write_row
+    assert len(rows) == 5  # three peers ran no-op jobs, two wrote rows: nothing else
 
 
-def test_a_summary_where_jobqueue_leads_says_so(tmp_path: Path) -> None:
-    results = _results(tmp_path, {"jobqueue": 3_000, "graphile 1": 2_900, "pgqueuer": 1_700})
-    assert "Where jobqueue is not ahead: nowhere in this run" in readme.summary(results)
+def test_the_headline_leads_invert_for_latency(tmp_path: Path) -> None:
+    rows = [{"system": system, "settings": label, "rate": 100.0, "run": 1, "jobs": 1000,
+             "achieved_rate": 100.0, "completed_rate": 100.0, "rate_met": True, "kept_up": ok,
+             "warmup_s": 1.0, "complete_p50_ms": p50, "complete_p99_ms": p99}
+            for system, label, p50, p99, ok in (
+                ("jobqueue", "CLI defaults", 2.0, 6.0, True),
+                ("pgqueuer", "batch 10, 1 process", 3.0, float("nan"), True),
+                ("oban-py", "limit 10, 1 process", 5.0, 9.0, False))]
+    path = save(rows, "comparison_latency", {"cpu": "test"})
+    path.rename(tmp_path / path.name)
+    table = headline.table(tmp_path)
+    leads = dict(zip(table["workload"] + " " + table["peer"].str.split(":").str[0],
+                     table[headline.LEAD], strict=True))
+    assert leads["enqueue → completion p50 at 100 jobs/s (ms) PgQueuer"] == 1.5
+    assert leads["enqueue → completion p50 at 100 jobs/s (ms) oban-py"] == 2.5
+    assert leads["enqueue → completion p99 at 100 jobs/s (ms) oban-py"] == 1.5
+    p99 = table[table["workload"].str.contains("p99") & table["peer"].str.startswith("PgQ")]
+    assert p99["flag"].iloc[0] == "the sample does not carry it"
+    assert "oban-py: fell behind" in table[table["peer"].str.startswith("oban")]["flag"].iloc[0]
 
 
 def test_the_block_is_replaced_between_its_markers(tmp_path: Path) -> None:
