@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 INTERVAL = 0.25
+#: The first gap between samples; each next one doubles, up to INTERVAL.
+FIRST_INTERVAL = 0.01
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -63,9 +65,15 @@ class RssSampler:
                 self.samples.append({"t": now, "pid": pid, "rss_mib": rss / MIB})
 
     async def _run(self) -> None:
+        # Densely at first, then every `interval`: a process that lives less
+        # than one interval (a fast worker's drain of a few hundred jobs,
+        # node's start-up included) would otherwise be read only at its spawn,
+        # before its program has loaded, and report that as its peak.
+        delay = min(FIRST_INTERVAL, self.interval)
         while True:
             self.sample()
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.interval)
 
     def start(self) -> None:
         if self._task is None:
