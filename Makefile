@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 DJANGO_VENV  := .venv-django
 DJANGO_STAMP := $(DJANGO_VENV)/.installed-stamp
 
-.PHONY: setup test docs bench bench-quick lab lint db-up db-down clean
+.PHONY: setup test docs bench bench-pressure bench-quick lab lint db-up db-down clean
 
 ## setup: build .venv with jobqueue and every extra (embedded server, lab, API, peer queues; idempotent)
 setup: $(STAMP) $(DJANGO_STAMP)
@@ -67,11 +67,19 @@ test: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-## bench: every benchmark notebook at full size and the per-job cost table (ceiling), then
-## BENCHMARKS.md and its plots, as one stamped run; the terminal shows where it is and the
-## time left (`python -m jobqueue.benchmarks.run NOTEBOOK` reruns one: a partial rerun)
+## bench: the benchmark notebooks at full size (all but pressure) and the per-job cost
+## table (ceiling), then BENCHMARKS.md and its plots, as one stamped run; the terminal shows
+## where it is and the time left (`python -m jobqueue.benchmarks.run NOTEBOOK` reruns one:
+## a partial rerun)
 bench: setup
 	$(BIN)/python -m jobqueue.benchmarks.run
+
+## bench-pressure: the pressure notebook with vacuum held back for 10 minutes per system
+## (`pressure.LONG_PHASES`; most of an hour), a partial rerun stamped like the others
+bench-pressure: setup
+	JOBQUEUE_BENCH_PRESSURE_PHASES="$$($(BIN)/python -c 'import json; \
+		from jobqueue.benchmarks.pressure import LONG_PHASES; print(json.dumps(LONG_PHASES))')" \
+		$(BIN)/python -m jobqueue.benchmarks.run pressure
 
 ## bench-quick: the core numbers in a minute, no Jupyter (drain 100/1,000/10,000 jobs, lone-job latency)
 bench-quick: setup

@@ -823,7 +823,7 @@ def peer_drain_spread(df: pd.DataFrame) -> pd.DataFrame:
     reached (where it was sampled), in the order the setups ran."""
     df = df.assign(preset=df["preset"].fillna("") if "preset" in df.columns else "")
     s = spread(df, _SETUP, "jobs_per_sec")
-    extra = df.groupby(_SETUP).agg(preset=("preset", "first"))
+    extra = df.groupby(_SETUP).agg(preset=("preset", "first"), seconds=("seconds", "median"))
     if "rss_peak_mib" in df.columns:
         extra["rss_peak_mib"] = df.groupby(_SETUP)["rss_peak_mib"].max()
     if "workers_used" in df.columns:
@@ -837,11 +837,15 @@ def peer_drain_spread(df: pd.DataFrame) -> pd.DataFrame:
 
 def peer_drain_table(df: pd.DataFrame) -> pd.DataFrame:
     """Drain throughput of every setup: processes, jobs drained, median jobs/s
-    (min–max over the rounds) and the peak RSS."""
+    (min–max over the rounds), how long its drains lasted (flagged under
+    `MIN_DRAIN_SECONDS`, too short to be a measurement) and the peak RSS."""
     s = peer_drain_spread(df)
     table = pd.DataFrame({"system": s["system"].map(SYSTEM_NAMES), "settings": s["settings"],
                           "processes": s["workers"], "n": s["n"],
-                          f"{RATE} (min–max)": s.apply(_range, axis=1), "runs": s["runs"]})
+                          f"{RATE} (min–max)": s.apply(_range, axis=1), "runs": s["runs"],
+                          "drain (s, median)": s["seconds"].map(
+                              lambda v: f"{v:.1f}" + (" (short)" if v < MIN_DRAIN_SECONDS
+                                                      else ""))})
     if "workers_used_min" in s.columns:  # recorded by jobqueue's drains (its jobs' worker_id)
         table["fewest processes that took jobs"] = s["workers_used_min"].map(
             lambda v: "–" if pd.isna(v) else f"{v:.0f}")

@@ -111,6 +111,15 @@ PHASES: tuple[dict[str, Any], ...] = (
     {"name": "load", "seconds": 30, "holder": True, "readers": 4, "load": 1.5},
     {"name": "recovery", "seconds": 40},
 )
+#: `make bench-pressure`: the horizon pinned for 10 minutes (the goal the
+#: pressure benchmark was written for), the readers for most of it.
+LONG_PHASES: tuple[dict[str, Any], ...] = (
+    {"name": "baseline", "seconds": 60},
+    {"name": "holder", "seconds": 120, "holder": True},
+    {"name": "readers", "seconds": 390, "holder": True, "readers": 4},
+    {"name": "load", "seconds": 90, "holder": True, "readers": 4, "load": 1.5},
+    {"name": "recovery", "seconds": 60},
+)
 
 
 def phases(spec: Sequence[Mapping[str, Any] | Phase]) -> tuple[Phase, ...]:

@@ -50,6 +50,7 @@ from jobqueue.benchmarks.quick import (
     server_info,
 )
 from jobqueue.benchmarks.recovery_runs import RUNS_TABLE
+from jobqueue.benchmarks.scenarios import progress, worker_options
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 
 logger = logging.getLogger(__name__)
@@ -86,8 +87,6 @@ def worker_argv(lease: float, batch_size: int, flags: Sequence[str] = ()) -> lis
 def path_of(argv: Sequence[str], job_seconds: float) -> str:
     """The way a worker given `argv` holds jobs of `job_seconds`, read from
     its own options: "quick batches" or "claimed"."""
-    from jobqueue.benchmarks.scenarios import worker_options
-
     quick = worker_options(argv).quick_batch
     return "quick batches" if 0 < quick and job_seconds < quick else "claimed"
 
@@ -282,6 +281,33 @@ async def recovery_trial(
         for w in workers:
             w.close()
         await conn.close()
+
+
+
+async def recovery_series(url: str, *, signals: Sequence[str], trials: int, lease: float,
+                          jobs: int, setups: Sequence[str] | None = None
+                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Repeated trials (`recovery_trial`) for each setup (`SETUPS`: all of
+    them unless told) and signal: times (a row per trial, labelled with the
+    path and flags its workers ran with), and the timeline of completions
+    around each signal (jobs per 100 ms by each worker, "first" active,
+    "second" standing by, from 1 s before the signal to 1 s after recovery)."""
+    setups = list(SETUPS) if setups is None else setups
+    times, timelines = [], []
+    with progress(len(setups) * len(signals) * trials, "recovery") as bar:
+        for setup in setups:
+            how = SETUPS[setup]
+            for name in signals:
+                for trial in range(1, trials + 1):
+                    result = await recovery_trial(url, SIGNALS[name], lease=lease, jobs=jobs,
+                                                  flags=how.flags, job_seconds=how.job_seconds,
+                                                  keep_timeline=True)
+                    timeline = result.pop("timeline")
+                    times.append({"setup": setup, **result, "trial": trial})
+                    timelines += [{"setup": setup, "signal": name, "trial": trial, **point}
+                                  for point in timeline]
+                    bar.update()
+    return times, timelines
 
 
 async def _timeline(conn: asyncpg.Connection, standby_id: int, signalled: datetime,

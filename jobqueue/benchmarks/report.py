@@ -18,7 +18,6 @@ import pandas as pd
 from jobqueue.benchmarks import context as results_context
 from jobqueue.benchmarks import headline, load, peers, plots, pressure_report, run_record
 from jobqueue.benchmarks.headline import COMPARISON_DRAINS
-from jobqueue.benchmarks.headline import best as _best
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 RESULTS = CHECKOUT / "notebooks" / "benchmarks" / "results"
@@ -513,12 +512,6 @@ def _failover(results: Path) -> list[str]:
     ]
 
 
-#: Setups the findings single out (`peers.preset`'s values).
-CLI_DEFAULTS, PERFTEST = peers.CLI_DEFAULTS, peers.PERFTEST
-#: The Python and Node.js queues jobqueue is measured against (not the course design).
-QUEUES = peers.PEERS
-
-
 def _peers(results: Path) -> str:
     """jobqueue beside PgQueuer, Procrastinate, oban-py, graphile-worker and
     the course's design (`comparison.ipynb`): drains of no-op and of real-work
@@ -577,29 +570,17 @@ def _peers_drain(df: pd.DataFrame, results: Path, name: str) -> list[str]:
         plots.markdown(plots.peer_drain_table(df)), "",
         *configuration_notes(df), "",
         _figure(plots.peer_drain_plot(df), name, results), "",
-        *drain_findings(df),
-        *commit_findings(df),
-        shortest_drain(df),
+        *([PER_JOB_COMMITS] if plots.workload(df) == "noop" else []),
     ]
     return lines
 
 
-def commit_findings(df: pd.DataFrame) -> list[str]:
-    """Where the systems that commit per job land, from the rows (no-op
-    drains only: with real work every system's job costs more)."""
-    spread = plots.peer_drain_spread(df)
-    per_job = spread[spread["system"].isin(["procrastinate", "course design"])]
-    if plots.workload(df) != "noop" or per_job.empty:
-        return []
-    names = " and ".join(dict.fromkeys(
-        "the course design" if x == "course design" else plots.SYSTEM_NAMES[x]
-        for x in per_job["system"]))
-    names = names[0].upper() + names[1:]
-    return [f"{names} commit per job (Procrastinate twice: the claim, then the completion) "
-            f"and stay between {per_job['median'].min():,.0f} and "
-            f"{per_job['median'].max():,.0f} jobs/s: every job waits for a durable commit of "
-            "its own. PgQueuer, oban-py, graphile-worker and jobqueue claim in batches; "
-            "jobqueue also records a batch's completions in the same transaction."]
+#: Under the no-op drains: why two systems sit orders of magnitude below the others.
+PER_JOB_COMMITS = (
+    "Procrastinate and the course design commit per job (Procrastinate twice: the claim, "
+    "then the completion): every job waits for a durable commit of its own. PgQueuer, "
+    "oban-py, graphile-worker and jobqueue claim in batches; jobqueue also records a "
+    "batch's completions in the same transaction.")
 
 
 def configuration_notes(df: pd.DataFrame) -> list[str]:
@@ -617,130 +598,6 @@ def configuration_notes(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def shortest_drain(df: pd.DataFrame) -> str:
-    """The shortest drain behind a table, and which setup ran it."""
-    row = df.loc[df["seconds"].idxmin()]
-    return (f"The shortest of these drains lasted {row['seconds']:.1f} s "
-            f"({plots.SYSTEM_NAMES[row['system']]}, {plots.plain_settings(row['settings'])}, "
-            f"n = {int(row['n']):,}).")
-
-
-def _rate(row: pd.Series, usual: int) -> str:
-    n = int(row["n"])
-    return f"{row['median']:,.0f} jobs/s" + (f", n = {n:,}" if n != usual else "")
-
-
-def _setting(row: pd.Series, usual: int) -> str:
-    """`batch 500, 2 processes: 6,924 jobs/s`."""
-    return f"{plots.plain_settings(row['settings'])}: {_rate(row, usual)}"
-
-
-def _named(row: pd.Series, usual: int, whose: str = "best") -> str:
-    """`PgQueuer's best (batch 500, 2 processes: 6,924 jobs/s)`."""
-    system = row["system"]
-    owner = ("the course design's" if system == "course design"
-             else f"{plots.SYSTEM_NAMES[system]}'s {whose}")
-    return f"{owner} ({_setting(row, usual)})"
-
-
-def _who(row: pd.Series, usual: int) -> str:
-    """`PgQueuer (batch 500, 2 processes: 6,924 jobs/s)`."""
-    return f"{plots.SYSTEM_NAMES[row['system']]} ({_setting(row, usual)})"
-
-
-#: The order the findings name the other systems in.
-_OTHERS = ("pgqueuer", "graphile-worker", "oban-py", "procrastinate", "course design")
-
-
-def drain_findings(df: pd.DataFrame) -> list[str]:
-    """The sentences under a drain comparison, computed from its rows (one
-    workload): jobqueue at its CLI defaults against each system's best (and
-    graphile-worker's perfTest configuration); jobqueue's best against the
-    best queue with the same number of processes; best against best. Rates
-    are medians over the rounds; a rate from a different n says its n."""
-    s = plots.peer_drain_spread(df)
-    usual = plots.usual_n(df)
-    ours = s[s["system"] == "jobqueue"]
-    queues = s[s["system"].isin(QUEUES)]
-    lines = []
-    default = _best(ours[ours["preset"] == CLI_DEFAULTS])
-    if default is not None:
-        parts = []
-        for system in _OTHERS:
-            best = _best(s[s["system"] == system])
-            if best is None:
-                continue
-            perftest = _best(s[(s["system"] == system) & (s["preset"] == PERFTEST)])
-            if perftest is not None and perftest.name != best.name:
-                parts.append(f"{default['median'] / perftest['median']:,.1f}× "
-                             + _named(perftest, usual, "perfTest configuration"))
-            whose = "best" if perftest is None or perftest.name != best.name else (
-                "best, its perfTest configuration")
-            parts.append(f"{default['median'] / best['median']:,.1f}× "
-                         + _named(best, usual, whose))
-        if parts:
-            lines.append(f"jobqueue at its CLI defaults ({_setting(default, usual)}): "
-                         f"{', '.join(parts[:-1])}"
-                         f"{' and ' if len(parts) > 1 else ''}{parts[-1]}.")
-    same = sorted(set(ours["workers"]) & set(queues["workers"]))
-    for k in same:
-        mine = _best(ours[ours["workers"] == k])
-        theirs = _best(queues[queues["workers"] == k])
-        assert mine is not None and theirs is not None
-        procs = f"{k} process{'es' if k > 1 else ''}"
-        lines.append(f"With {procs}: jobqueue's best ({_setting(mine, usual)}) is "
-                     f"{mine['median'] / theirs['median']:,.1f}× the best other queue with "
-                     f"{procs}, {_who(theirs, usual)}.")
-    if "workers_used_min" in s.columns:
-        for _, row in ours[ours["workers_used_min"] < ours["workers"]].iterrows():
-            lines.append(f"In at least one round of {plots.plain_settings(row['settings'])}, "
-                         f"only {row['workers_used_min']:.0f} of its {row['workers']} processes "
-                         "took jobs.")
-    mine, theirs = _best(ours), _best(queues)
-    if mine is not None and theirs is not None:
-        lines.append(f"Best against best, whatever the number of processes: "
-                     f"{_who(mine, usual)} against {_who(theirs, usual)}: "
-                     f"{mine['median'] / theirs['median']:,.1f}×.")
-    return lines
-
-
-#: The issue's goals: jobqueue at its CLI defaults against a peer's best
-#: (among `systems`, or only their `preset` setup), by at least `factor`.
-GOALS: Sequence[tuple[str, tuple[str, ...], str, float]] = (
-    ("noop", ("pgqueuer",), "", 3.0),
-    ("noop", ("graphile-worker",), PERFTEST, 2.0),
-    ("write_row", ("pgqueuer", "graphile-worker"), "", 2.0),
-    ("process_payment", ("pgqueuer", "graphile-worker"), "", 2.0),
-)
-
-
-def goal_lines(drains: dict[str, pd.DataFrame]) -> list[str]:
-    """Each goal of `GOALS` whose workload was measured, with the ratio the
-    medians give and whether it is met."""
-    lines = []
-    for handler, systems, wanted, factor in GOALS:
-        if handler not in drains:
-            continue
-        s = plots.peer_drain_spread(drains[handler])
-        usual = plots.usual_n(drains[handler])
-        ours = _best(s[(s["system"] == "jobqueue") & (s["preset"] == CLI_DEFAULTS)])
-        pool = s[s["system"].isin(systems) & ((s["preset"] == wanted) if wanted else True)]
-        theirs = _best(pool)
-        names = " and ".join(plots.SYSTEM_NAMES[x] for x in systems)
-        against = f"{names}'s {wanted + ' configuration' if wanted else 'best'}"
-        if len(systems) > 1:
-            against = f"the best of {names}"
-        if ours is None or theirs is None:
-            lines.append(f"- {handler}: at least {factor:g}× {against}: not measured in this run.")
-            continue
-        ratio = ours["median"] / theirs["median"]
-        lines.append(
-            f"- {handler}: at least {factor:g}× {against}: jobqueue at its CLI defaults "
-            f"({_rate(ours, usual)}) against {_who(theirs, usual)} is {ratio:,.2f}×: "
-            f"{'met' if ratio >= factor else 'not met'}.")
-    return lines
-
-
 def _peers_latency(results: Path) -> list[str]:
     df, _ = load("comparison_latency", results)
     samples, _ = load("comparison_latency_samples", results)
@@ -751,8 +608,17 @@ def _peers_latency(results: Path) -> list[str]:
         *configuration_notes(df), "",
         _figure(plots.peer_latency_plot(df), "comparison_latency", results), "",
         _figure(plots.peer_latency_cdf(samples), "comparison_latency_cdf", results), "",
-        *peer_latency_findings(df),
+        PGQUEUER_BUFFER,
     ]
+
+
+#: Under the latency comparison: the gap between PgQueuer's start and its
+#: recorded completion, which the table shows and its code explains.
+PGQUEUER_BUFFER = (
+    "PgQueuer's gap between a job's start and its recorded completion is its completion "
+    "buffer: PgQueuer 1.6 writes finished jobs when the buffer holds `batch_size` of them or "
+    "about every 0.1 s (`JobStatusLogBuffer`, `pgqueuer/core/buffers.py`), in a statement of "
+    "their own.")
 
 
 def _count(k: int, what: str) -> str:
@@ -782,38 +648,6 @@ def latency_method(df: pd.DataFrame) -> list[str]:
         "rate): its latency is a backlog that grows with the run, not a wake-up."]
 
 
-def peer_latency_findings(df: pd.DataFrame) -> list[str]:
-    """The sentences under the latency comparison, computed from its rows."""
-    med = plots.peer_latency_runs(df)
-    low = med[med["rate"] == med["rate"].min()]
-    lines = []
-    for _, row in low.iterrows():
-        name = plots.SYSTEM_NAMES[row["system"]]
-        p99 = ("" if pd.isna(row["complete_p99_ms"]) else
-               f", p99 {row['complete_p99_ms']:,.1f} ms")
-        lines.append(
-            f"At {row['rate']:,.0f} jobs/s {name} starts a job {row['start_p50_ms']:,.1f} ms "
-            f"after it was enqueued at the median and records its completion "
-            f"{row['complete_p50_ms']:,.1f} ms after{p99} ({_count(int(row['jobs']), 'job')} "
-            "counted).")
-    pgq = low[low["system"] == "pgqueuer"]
-    if len(pgq):
-        row = pgq.iloc[0]
-        lines.append(
-            f"PgQueuer's gap between start and recorded completion "
-            f"({row['complete_p50_ms'] - row['start_p50_ms']:.0f} ms at the median) is its "
-            "completion buffer: PgQueuer 1.6 writes finished jobs when the buffer holds "
-            "`batch_size` of them or about every 0.1 s (`JobStatusLogBuffer`, "
-            "`pgqueuer/core/buffers.py`), in a statement of their own.")
-    for _, row in med.iterrows():
-        if not (row["rate_met"] and row["kept_up"]):
-            lines.append(f"At {row['rate']:,.0f} jobs/s asked, "
-                         f"{plots.SYSTEM_NAMES[row['system']]}: "
-                         f"{plots.latency_flag(row)} (completion p50 "
-                         f"{row['complete_p50_ms']:,.0f} ms).")
-    return lines
-
-
 def _peers_memory(results: Path) -> list[str]:
     df, _ = load("comparison_memory", results)
     timeline, _ = load("comparison_memory_timeline", results)
@@ -823,35 +657,8 @@ def _peers_memory(results: Path) -> list[str]:
         "quarter second from outside the process.", "",
         plots.markdown(plots.peer_memory_table(df), ",.2f"), "",
         *configuration_notes(df), "",
-        _figure(plots.peer_memory_plot(timeline), "comparison_memory", results), "",
-        *memory_findings(df),
+        _figure(plots.peer_memory_plot(timeline), "comparison_memory", results),
     ]
-
-
-def memory_findings(df: pd.DataFrame) -> list[str]:
-    """The sentences under the memory comparison, computed from its rows:
-    each worker's memory before and after, per 10,000 jobs so that drains of
-    different n compare, and which n differ."""
-    lines = []
-    for _, row in df.iterrows():
-        if pd.isna(row["rss_start_mib"]) or pd.isna(row["rss_end_mib"]):
-            continue
-        lines.append(
-            f"{plots.SYSTEM_NAMES[row['system']]}'s worker held {row['rss_start_mib']:.1f} MiB "
-            f"at its first claim and {row['rss_end_mib']:.1f} MiB after {int(row['n']):,} jobs "
-            f"({row['rss_end_mib'] - row['rss_start_mib']:+.1f} MiB, "
-            f"{row['rss_per_10k_jobs_mib']:+.2f} MiB per 10,000 jobs; peak "
-            f"{row['rss_peak_mib']:.1f} MiB).")
-    sizes = sorted(set(int(x) for x in df["n"]))
-    if len(sizes) > 1:
-        fewer = df[df["n"] < max(sizes)]
-        lines.append(
-            "Not every worker drained the same n: "
-            + ", ".join(f"{plots.SYSTEM_NAMES[r['system']]} {int(r['n']):,} "
-                        f"({r['seconds']:.0f} s at {r['jobs_per_sec']:,.0f} jobs/s)"
-                        for _, r in fewer.iterrows())
-            + f" against {max(sizes):,}; compare them by the change per 10,000 jobs.")
-    return lines
 
 
 def _comparison(results: Path) -> str:

@@ -19,9 +19,6 @@
   transaction, on a schedule that does not wait for the queue (open loop);
   an idle worker process picks them up. Distributions of enqueue-to-start
   and enqueue-to-completion.
-- `recovery`: the active worker is killed (SIGKILL) or frozen (SIGSTOP) under
-  load; the time until the standby completes a job, and the timeline of
-  completions around it (see also `jobqueue.benchmarks.recovery`).
 - `memory_timeline`: one worker drains a big table while its resident memory
   is sampled from outside (`rss`); `drain(..., memory=True)` adds the same
   figures to any drain.
@@ -60,7 +57,6 @@ from jobqueue.benchmarks.quick import (
     quantile,
     server_info,
 )
-from jobqueue.benchmarks.recovery import recovery_trial
 from jobqueue.lab import examples
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, WorkerConfig
@@ -651,21 +647,6 @@ def _qname(q: float) -> str:
     return f"{q * 100:g}".replace(".", "_")
 
 
-async def recovery(url: str, sig: signal.Signals, *, lease: float = 5.0, jobs: int = 3000,
-                   setup: str = "quick", log_dir: Path | None = None) -> dict[str, Any]:
-    """One recovery trial with one of `recovery.SETUPS` (how the active worker
-    holds its jobs: quick batches, or claimed so that the standby must rescue
-    them) plus the timeline of completions around the signal: jobs completed
-    per 100 ms by each worker ("first" was active, "second" stood by), from
-    1 s before the signal to 1 s after recovery."""
-    from jobqueue.benchmarks.recovery import SETUPS
-
-    how = SETUPS[setup]
-    return await recovery_trial(url, sig, lease=lease, jobs=jobs, flags=how.flags,
-                                job_seconds=how.job_seconds, log_dir=log_dir,
-                                keep_timeline=True)
-
-
 def spread(values: Sequence[float]) -> dict[str, float]:
     """Median and range of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
@@ -810,30 +791,6 @@ async def latency_series(url: str, *, rates: Sequence[float], seconds: float, re
                                                result["warmup"], strict=True)]
                 bar.update()
     return summaries, samples
-
-
-async def recovery_series(url: str, *, signals: Sequence[str], trials: int, lease: float,
-                          jobs: int, setups: Sequence[str] | None = None
-                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Repeated recovery trials for each setup (`recovery.SETUPS`: all of
-    them unless told) and signal: times (a row per trial, labelled with the
-    path and flags its workers ran with), and the timeline of each trial."""
-    from jobqueue.benchmarks.recovery import SETUPS
-
-    setups = list(SETUPS) if setups is None else setups
-    times, timelines = [], []
-    with progress(len(setups) * len(signals) * trials, "recovery") as bar:
-        for setup in setups:
-            for name in signals:
-                for trial in range(1, trials + 1):
-                    result = await recovery(url, getattr(signal, name), lease=lease, jobs=jobs,
-                                            setup=setup)
-                    timeline = result.pop("timeline")
-                    times.append({"setup": setup, **result, "trial": trial})
-                    timelines += [{"setup": setup, "signal": name, "trial": trial, **point}
-                                  for point in timeline]
-                    bar.update()
-    return times, timelines
 
 
 # -- queues and priorities ----------------------------------------------------------
