@@ -143,9 +143,6 @@ PERFTEST_OPTIONS: dict[str, Any] = {
 #: perfTest's environment for its workers: no log line per completed job.
 PERFTEST_ENV = {"NO_LOG_SUCCESS": "1"}
 
-# `WorkerProcess` runs `python <command>`; exec'ing node from there keeps the
-# pid, so its signals, its kill and the RSS sampler all reach node itself.
-_EXEC = "import os, sys; os.execvp(sys.argv[1], sys.argv[1:])"
 
 # -- installing ---------------------------------------------------------------------
 
@@ -432,7 +429,7 @@ def _process(folder: Path, url: str, run_dir: Path, config: Path, index: int
              ) -> WorkerProcess:
     args = (str(cli(folder)), "--once", "--config", str(config))
     return WorkerProcess(node_conninfo(url), run_dir / f"drain-{index}.log", "node", *args,
-                         cwd=run_dir, command=("-c", _EXEC), env=PERFTEST_ENV)
+                         cwd=run_dir, command=("-c", rss.EXEC), env=PERFTEST_ENV)
 
 
 async def _check(conn: asyncpg.Connection, n: int, handler: str, filled: Filled,

@@ -46,7 +46,7 @@ def _drain_rows(results: Path, name: str, handler: str) -> list[dict[str, Any]]:
     ours = best(s[(s["system"] == "jobqueue") & (s["preset"] == peers.CLI_DEFAULTS)])
     if ours is None:
         return []
-    rows = []
+    rows, run = [], _run(results, name)
     for system in peers.PEERS:
         theirs = best(s[s["system"] == system])
         if theirs is None:
@@ -62,7 +62,7 @@ def _drain_rows(results: Path, name: str, handler: str) -> list[dict[str, Any]]:
                      "peer": f"{plots.SYSTEM_NAMES[system]}: {theirs['median']:,.0f} "
                              f"({plots.short_settings(theirs['settings'])})",
                      LEAD: ours["median"] / theirs["median"], "flag": "; ".join(flags),
-                     "run": _run(results, name)})
+                     "run": run})
     return rows
 
 
@@ -79,7 +79,7 @@ def _latency_rows(results: Path) -> list[dict[str, Any]]:
     if ours.empty:
         return []
     mine = ours.iloc[0]
-    rows = []
+    rows, run = [], _run(results, "comparison_latency")
     for system in peers.PEERS:
         found = low[low["system"] == system]
         if found.empty:
@@ -99,7 +99,7 @@ def _latency_rows(results: Path) -> list[dict[str, Any]]:
                          LEAD: float("nan") if pd.isna(lead) else lead,
                          "flag": "; ".join(flags) or ("" if not pd.isna(lead)
                                                       else "the sample does not carry it"),
-                         "run": _run(results, "comparison_latency")})
+                         "run": run})
     return rows
 
 

@@ -37,6 +37,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from jobqueue.benchmarks import rss
 from jobqueue.benchmarks.peer_worker import NOOP, PROCESS_PAYMENT, WRITE_ROW
 from jobqueue.testing import WorkerProcess
 
@@ -55,9 +56,6 @@ DOCS_LIMIT = 10
 WORKER_NAMES = {NOOP: "bench_oban.Noop", WRITE_ROW: "bench_oban.WriteRow",
                 PROCESS_PAYMENT: "bench_oban.ProcessPayment"}
 
-# `WorkerProcess` runs `python <command>`; exec'ing the venv's Python from there keeps the
-# pid, so its signals, its kill and the RSS sampler all reach oban-py itself.
-_EXEC = "import os, sys; os.execvp(sys.argv[1], sys.argv[1:])"
 
 
 def python(folder: Path = INSTALL_DIR) -> Path:
@@ -152,7 +150,7 @@ def process(conninfo: str, env: dict[str, str], log: Path, args: list[str]) -> W
     folder = install()
     return WorkerProcess(
         conninfo, log, str(python(folder)), "-m", "oban", "start", *args,
-        cwd=WORKERS, command=("-c", _EXEC),
+        cwd=WORKERS, command=("-c", rss.EXEC),
         env={**env, "OBAN_DSN": conninfo, "PYTHONPATH": str(WORKERS),
              "BENCH_POOL_SIZE": str(limit_of(args))})
 

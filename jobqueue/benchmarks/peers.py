@@ -212,9 +212,9 @@ class _Peer:
     kinds: tuple[str, str, str]
     drain_sql: str
     #: Whether its worker has a mode that exits once the queue is empty; a
-    #: worker without one is stopped once `busy_sql` finds nothing left to run.
+    #: worker without one is stopped once `done_sql` finds nothing left to run.
     drains_itself = True
-    busy_sql = ""
+    done_sql = ""
     #: Completed jobs other than the warm-up job $1, and that job alone.
     completed_sql: str
     warm_sql: str
@@ -408,8 +408,8 @@ class _Oban(_Peer):
         FROM oban_jobs"""
     drains_itself = False
     #: Two probes of its (state, queue, …) index.
-    busy_sql = ("SELECT EXISTS (SELECT FROM oban_jobs WHERE state = 'available')"
-                " OR EXISTS (SELECT FROM oban_jobs WHERE state = 'executing')")
+    done_sql = ("SELECT NOT EXISTS (SELECT FROM oban_jobs WHERE state = 'available')"
+                " AND NOT EXISTS (SELECT FROM oban_jobs WHERE state = 'executing')")
     completed_sql = "SELECT count(*) FROM oban_jobs WHERE state = 'completed' AND id <> $1"
     warm_sql = "SELECT count(*) FROM oban_jobs WHERE state = 'completed' AND id = $1"
     #: What `Oban.enqueue` sends (`queries/insert_job.sql` of 0.7.0), with its
@@ -681,24 +681,6 @@ async def drain(system: str, url: str, *, n: int, workers: int = 1, batch_size: 
     return row
 
 
-async def _until_drained(url: str, peer: _Peer, procs: Sequence[WorkerProcess],
-                         timeout: float) -> None:
-    """For a peer without a drain mode: wait until `busy_sql` finds nothing
-    left to run (RuntimeError if a process exits first), then stop them."""
-    conn = await db.connect(url, application_name="jobqueue bench")
-    try:
-        async def drained() -> bool:
-            if any(p.proc.poll() is not None for p in procs):
-                raise RuntimeError(f"{peer.system} worker exited: {procs[0].log()[-2000:]}")
-            return not await conn.fetchval(peer.busy_sql)
-
-        await wait_for(drained, timeout=timeout, interval=0.05,
-                       message=f"{peer.system} to run every job")
-    finally:
-        await conn.close()
-    await asyncio.gather(*(p.stop() for p in procs))
-
-
 async def _drain(system: str, url: str, *, n: int, setup: Mapping[str, Any], handler: str,
                  timeout: float, log_dir: Path | None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -715,8 +697,13 @@ async def _drain(system: str, url: str, *, n: int, setup: Mapping[str, Any], han
             if peer.drains_itself:
                 for p in procs:
                     await p.finish(timeout)
-            else:
-                await _until_drained(url, peer, procs, timeout)
+            else:  # stopped as jobqueue's workers are, once nothing is left to run
+                conn = await db.connect(url, application_name="jobqueue bench")
+                try:
+                    await scenarios.until_done(conn, procs, timeout, done_sql=peer.done_sql,
+                                               registered=False)
+                finally:
+                    await conn.close()
         conn = await db.connect(url, application_name="jobqueue bench")
         try:
             row = await conn.fetchrow(peer.drain_sql)

@@ -27,6 +27,10 @@ MIB = 1024 * 1024
 INTERVAL = 0.25
 #: The first gap between samples; each next one doubles, up to INTERVAL.
 FIRST_INTERVAL = 0.01
+#: `WorkerProcess(command=("-c", EXEC))` runs its arguments as a program in
+#: the same pid (`python -c` exec's it), so signals, kill and the sampler all
+#: reach that program itself (a peer's node or its own Python), not a wrapper.
+EXEC = "import os, sys; os.execvp(sys.argv[1], sys.argv[1:])"
 
 
 def rss_bytes(pid: int) -> int | None:

@@ -313,12 +313,14 @@ _ALL_DONE = ("SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 
              " AND NOT EXISTS (SELECT 1 FROM jobs WHERE status = 'processing')")
 
 
-async def _until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
-                      timeout: float) -> None:
-    """Wait until every job is done (failing at once should a worker exit)
-    and every worker has registered (so it handles signals: a small drain can
-    end before a second process is up), then stop each worker with SIGTERM;
-    RuntimeError unless each exits 0."""
+async def until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
+                     timeout: float, *, done_sql: str = _ALL_DONE,
+                     registered: bool = True) -> None:
+    """Wait until `done_sql` finds every job done (failing at once should a
+    worker exit) and, for jobqueue's workers (`registered`), every worker
+    has registered (so it handles signals: a small drain can end before a
+    second process is up), then stop each worker with SIGTERM; RuntimeError
+    unless each exits 0. A peer without a drain mode is stopped the same way."""
     def exited() -> str | None:
         for p in procs:
             if p.proc.poll() is not None:
@@ -329,9 +331,9 @@ async def _until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
     async def done() -> bool:
         if (problem := exited()) is not None:
             raise RuntimeError(problem)
-        if not await conn.fetchval(_ALL_DONE):
+        if not await conn.fetchval(done_sql):
             return False
-        return all([await worker_state(conn, p) is not None for p in procs])
+        return not registered or all([await worker_state(conn, p) is not None for p in procs])
 
     await wait_for(done, timeout=timeout, interval=DONE_POLL, message="every job done")
     for p in procs:
@@ -373,7 +375,7 @@ async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler
             for p in procs:
                 await p.finish(timeout)
         else:
-            await _until_done(conn, procs, timeout)
+            await until_done(conn, procs, timeout)
         await sampler.stop()
         row = await conn.fetchrow(
             "SELECT count(*) FILTER (WHERE status = 'completed') AS completed, count(*) AS total,"
