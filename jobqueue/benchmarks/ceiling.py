@@ -1,26 +1,18 @@
 """Where a job's time goes: `python -m jobqueue.benchmarks.ceiling`.
 
 The README's "where the time went" as a command anyone can rerun. Each row
-does one thing N times on one connection, against a database of its own, and
-reports the time per job (wall clock, this process's CPU, and the server
-backend's CPU when the server runs on this machine), the median of R runs:
-
-- the raw costs a job can pay: a round trip, a one-row INSERT inside an open
-  transaction, the same with a savepoint around it (released, or never
-  released as jobqueue's are), and an INSERT committed on its own (what a
-  queue whose handlers write through their own pool pays per job);
-- the handler's session, the same INSERT through SQLAlchemy: a session per
-  job joining the batch with `join_transaction_mode="create_savepoint"`
-  (what jobqueue did before: SQLAlchemy's savepoints are prepared statements
-  with fresh names), one such session reused across jobs, and jobqueue's lane
-  session (`worker/handler.py`), isolated (its own savepoint) and plain (none);
-- the queue's own statements for a batch of no-op jobs, without a worker:
-  claim then complete (two transactions, two row versions per job) against
-  take and complete in one (`queries.sql`: claim, take, complete).
-
-Figures vary from run to run on a shared machine; compare rows of one run.
-`--save` writes them to the lab's results (`ceiling.csv`) with the machine's
-description, for BENCHMARKS.md.
+does one thing N times, against a database of its own, and reports the time
+per job (wall clock, this process's CPU, and the server backend's CPU when
+the server runs on this machine), the median of R runs: the raw costs a job
+can pay (a round trip, an INSERT in an open transaction, with a savepoint
+released or kept as jobqueue's are, committed on its own as a queue whose
+handlers write through their own pool pays); the same INSERT through
+SQLAlchemy sessions, jobqueue's before (a session per job with SQLAlchemy's
+savepoints) and now (the handler's session of a running worker, with
+`savepoints="always"` and `"auto"`); and the queue's own statements for a
+batch of no-op jobs, claim then complete against take and complete in one
+(`queries.sql`). Figures vary from run to run on a shared machine; compare
+rows of one run. `--save` writes `ceiling.csv` for BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -35,17 +27,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, create_async_engine
 
-from jobqueue import db, embedded
+from jobqueue import HandlerRegistry, JobRunner, db, embedded
 from jobqueue.benchmarks import save, scenarios
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.schema.queries import queries
-from jobqueue.worker.handler import lane_engine, state_of
 
 INSERT = "INSERT INTO bench_rows (job_id) VALUES ($1)"
 INSERT_SA = text("INSERT INTO bench_rows (job_id) VALUES (:id)")
@@ -53,7 +45,42 @@ INSERT_SA = text("INSERT INTO bench_rows (job_id) VALUES (:id)")
 #: write stays within PostgreSQL's 64 cached subtransactions.
 WRITE_BATCH = 64
 
-Step = Callable[[int], Awaitable[None]]
+
+def _backend_cpu(pid: int | None) -> float | None:
+    """The server backend's CPU seconds, when it runs on this machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """Wall clock, this process's CPU and a backend's CPU, summed over the
+    spans spent inside `with meter:`."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid
+        self.wall = self.cpu = 0.0
+        self.server: float | None = 0.0
+
+    def __enter__(self) -> Meter:
+        # The clock is read last here and first on the way out, so the
+        # other readings stay outside the timed span.
+        server = _backend_cpu(self.pid)
+        self._start = (time.perf_counter(), _cpu(), server)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        wall, cpu = time.perf_counter(), _cpu()
+        server = _backend_cpu(self.pid)
+        self.wall += wall - self._start[0]
+        self.cpu += cpu - self._start[1]
+        if self.server is not None and server is not None and self._start[2] is not None:
+            self.server += server - self._start[2]
+        else:
+            self.server = None
 
 
 def _cpu() -> float:
@@ -61,40 +88,40 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _backend_cpu(pid: int) -> float | None:
-    """The server backend's CPU seconds, when it runs on this machine."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+#: A row's work for n jobs, returning what it measured.
+Step = Callable[[int], Awaitable[Meter]]
+Rows = list[tuple[str, str, Step]]
 
 
-async def measure(name: str, step: Step, n: int, repeat: int, backend_pid: int,
-                  what: str, prepare: Step | None = None) -> dict[str, Any]:
-    """Run `step(n)` `repeat` times (after `prepare(n)`, not timed); medians
-    per job, in microseconds."""
+def timed(pid: int, body: Callable[[int], Awaitable[None]]) -> Step:
+    """`body(n)` measured as a whole."""
+    async def step(n: int) -> Meter:
+        with Meter(pid) as meter:
+            await body(n)
+        return meter
+    return step
+
+
+async def measure(name: str, what: str, step: Step, n: int, repeat: int,
+                  prepare: Callable[[int], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """`step(n)` `repeat` times (after `prepare(n)`, not timed); medians per
+    job, in microseconds."""
     wall, cpu, server = [], [], []
     for _ in range(repeat):
         if prepare is not None:
             await prepare(n)
-        before = (time.perf_counter(), _cpu(), _backend_cpu(backend_pid))
-        await step(n)
-        after = (time.perf_counter(), _cpu(), _backend_cpu(backend_pid))
-        wall.append((after[0] - before[0]) / n * 1e6)
-        cpu.append((after[1] - before[1]) / n * 1e6)
-        if before[2] is not None and after[2] is not None:
-            server.append((after[2] - before[2]) / n * 1e6)
+        meter = await step(n)
+        wall.append(meter.wall / n * 1e6)
+        cpu.append(meter.cpu / n * 1e6)
+        if meter.server is not None:
+            server.append(meter.server / n * 1e6)
     return {"name": name, "what": what, "n": n, "repeat": repeat,
             "wall_us": statistics.median(wall), "client_cpu_us": statistics.median(cpu),
             "server_cpu_us": statistics.median(server) if server else None,
             "jobs_per_sec": 1e6 / statistics.median(wall)}
 
 
-# -- raw statements on asyncpg ----------------------------------------------------
-
-
-def raw_steps(conn: asyncpg.Connection) -> list[tuple[str, str, Step]]:
+def raw_steps(conn: asyncpg.Connection) -> Rows:
     async def round_trip(n: int) -> None:
         async with conn.transaction():
             for _ in range(n):
@@ -122,28 +149,27 @@ def raw_steps(conn: asyncpg.Connection) -> list[tuple[str, str, Step]]:
         for _ in range(n):
             await conn.execute(INSERT, uuid.uuid4())
 
+    pid = conn.get_server_pid()
     return [
-        ("round trip", "SELECT 1 in an open transaction", round_trip),
-        ("INSERT", "one-row INSERT in an open transaction", insert),
+        ("round trip", "SELECT 1 in an open transaction", timed(pid, round_trip)),
+        ("INSERT", "one-row INSERT in an open transaction", timed(pid, insert)),
         ("SAVEPOINT + INSERT + RELEASE", "asyncpg's nested transaction around it",
-         savepoint_released),
+         timed(pid, savepoint_released)),
         ("SAVEPOINT + INSERT", "jobqueue's savepoint (simple query, never released), "
-         f"{WRITE_BATCH} a transaction", savepoint_kept),
-        ("INSERT + COMMIT", "a transaction per INSERT (durable commit)", commit_each),
+         f"{WRITE_BATCH} a transaction", timed(pid, savepoint_kept)),
+        ("INSERT + COMMIT", "a transaction per INSERT (durable commit)",
+         timed(pid, commit_each)),
     ]
 
 
-# -- the handler's session ----------------------------------------------------------
-
-
-def sqlalchemy_steps(conn: AsyncConnection) -> list[tuple[str, str, Step]]:
-    """The INSERT as a handler writes it, `session.execute(text(...))`, in
-    batches of WRITE_BATCH jobs: one driver transaction each, which the
-    sessions join as the old lane's did (a `conn.begin()` that sends no SQL
-    on an autocommit connection)."""
+async def sqlalchemy_steps(conn: AsyncConnection) -> Rows:
+    """SQLAlchemy's own per-job savepoints, which jobqueue's lane session
+    replaced: sessions joining a driver transaction of WRITE_BATCH jobs, as
+    the old lane's did (a `conn.begin()` that sends no SQL on an autocommit
+    connection)."""
+    raw = await _driver(conn)
 
     async def batches(n: int, job: Callable[[], Awaitable[None]]) -> None:
-        raw = await _driver(conn)
         for start in range(0, n, WRITE_BATCH):
             tx = raw.transaction()
             await tx.start()
@@ -170,53 +196,52 @@ def sqlalchemy_steps(conn: AsyncConnection) -> list[tuple[str, str, Step]]:
         await batches(n, job)
         await session.close()
 
+    pid = raw.get_server_pid()
     return [
         ("session per job (create_savepoint)", "SQLAlchemy's own savepoints: prepared, "
-         "a fresh name each, released", session_per_job),
+         "a fresh name each, released", timed(pid, session_per_job)),
         ("one session, create_savepoint", "the same session reused across jobs",
-         session_reused),
+         timed(pid, session_reused)),
     ]
 
 
-def lane_steps(conn: AsyncConnection, raw: asyncpg.Connection) -> list[tuple[str, str, Step]]:
-    """jobqueue's lane session: one session for the lane's life; the engine's
-    hooks open each isolated job's savepoint before its first statement."""
-    session = AsyncSession(bind=conn, expire_on_commit=False)
-    state = state_of(conn.info)
+def lane_steps(url: str) -> Rows:
+    """The handler's session as a worker gives it (`JobRunner`, public): a
+    burst worker with one lane drains n jobs whose handler times its own
+    INSERT, so the row is the handler path alone, not the claims around it.
+    `savepoints="always"` isolates every job (its first statement opens
+    SAVEPOINT jobqueue_job); `"auto"` runs a type that never failed plain."""
 
-    def batches(isolated: bool) -> Step:
-        async def step(n: int) -> None:
-            for start in range(0, n, WRITE_BATCH):
-                tx = raw.transaction()
-                await tx.start()
-                state.start_transaction()
-                for _ in range(min(WRITE_BATCH, n - start)):
-                    state.start_job(isolated)
+    def drain(savepoints: str) -> Step:
+        async def step(n: int) -> Meter:
+            meter = Meter()
+            registry = HandlerRegistry()
+
+            async def write(session: AsyncSession, payload: Any) -> None:
+                if meter.pid is None:
+                    meter.pid = (await _driver(await session.connection())).get_server_pid()
+                with meter:
                     await session.execute(INSERT_SA, {"id": uuid.uuid4()})
-                    state.end_job()
-                await tx.commit()
+
+            registry.add("ceiling_write", write)
+            runner = JobRunner(url, registry=registry, burst=True, concurrency=1,
+                               batch_size=WRITE_BATCH, savepoints=savepoints,
+                               install_signal_handlers=False)
+            report = await runner.run()
+            if report["processed"] != n:
+                raise RuntimeError(f"the worker completed {report['processed']} of {n}")
+            return meter
         return step
 
-    return [("lane session, isolated", "jobqueue's: SAVEPOINT jobqueue_job before the "
-             "first statement, never released", batches(True)),
-            ("lane session, plain", "jobqueue's, for a job type that has not failed "
-             "after writing: no savepoint", batches(False))]
+    return [("lane session, isolated", "jobqueue's, savepoints=\"always\": SAVEPOINT "
+             "jobqueue_job before the first statement, never released", drain("always")),
+            ("lane session, plain", "jobqueue's, savepoints=\"auto\", a job type that has "
+             "not failed after writing: no savepoint", drain("auto"))]
 
 
-# -- the queue's own statements -----------------------------------------------------
-
-
-def batch_steps(conn: asyncpg.Connection, batch: int
-                ) -> tuple[Step, list[tuple[str, str, Step]]]:
+def batch_steps(conn: asyncpg.Connection, batch: int) -> Rows:
     """No-op jobs through the queue's statements alone: the ceiling of a
-    worker whose handlers cost nothing. Returns the step that fills the table
-    (run before each timed run) and the rows."""
-
-    async def fill(n: int) -> None:
-        await conn.execute("TRUNCATE jobs")
-        await conn.execute("INSERT INTO jobs (job_type) SELECT 'noop' FROM generate_series(1, $1)",
-                           n)
-        await conn.execute("VACUUM ANALYZE jobs")
+    worker whose handlers cost nothing."""
 
     async def claim_then_complete(n: int) -> None:
         floor = (None, None)
@@ -244,11 +269,22 @@ def batch_steps(conn: asyncpg.Connection, batch: int
                                                 results=[None] * len(rows), worker_id=1,
                                                 taken=True)
 
-    return fill, [
+    pid = conn.get_server_pid()
+    return [
         (f"claim, then complete (batch {batch})", "two transactions: the claim commits "
-         "`processing`, the completion commits the outcome", claim_then_complete),
+         "`processing`, the completion commits the outcome", timed(pid, claim_then_complete)),
         (f"take and complete (batch {batch})", "one transaction: jobs locked, completed, "
-         "committed", take_and_complete)]
+         "committed", timed(pid, take_and_complete))]
+
+
+def filler(conn: asyncpg.Connection, job_type: str) -> Callable[[int], Awaitable[None]]:
+    """Fills the jobs table with n jobs of `job_type` before each timed run."""
+    async def fill(n: int) -> None:
+        await conn.execute("TRUNCATE jobs, jobqueue_workers")
+        await conn.execute("INSERT INTO jobs (job_type) SELECT $1 FROM generate_series(1, $2)",
+                           job_type, n)
+        await conn.execute("VACUUM ANALYZE jobs")
+    return fill
 
 
 async def _driver(conn: AsyncConnection) -> asyncpg.Connection:
@@ -266,32 +302,22 @@ async def run(n: int = 2000, repeat: int = 5, batch: int = 1000, noop_jobs: int 
     rows: list[dict[str, Any]] = []
     raw = await db.connect(url, application_name="jobqueue ceiling")
     plain = create_async_engine(url, isolation_level="AUTOCOMMIT")
-    lanes = lane_engine(url, 1, "jobqueue ceiling lane")
     try:
-        pid = raw.get_server_pid()
         for label, what, step in raw_steps(raw):
-            rows.append(await measure(label, step, n, repeat, pid, what))
+            rows.append(await measure(label, what, step, n, repeat))
         async with plain.connect() as conn:
-            pid = (await _driver(conn)).get_server_pid()
-            for label, what, step in sqlalchemy_steps(conn):
-                rows.append(await measure(label, step, n, repeat, pid, what))
-        async with lanes.connect() as conn:
-            driver = await _driver(conn)
-            for label, what, step in lane_steps(conn, driver):
-                rows.append(await measure(label, step, n, repeat, driver.get_server_pid(),
-                                          what))
-        fill, steps = batch_steps(raw, batch)
-        for label, what, step in steps:
-            rows.append(await measure(label, step, noop_jobs, repeat, raw.get_server_pid(),
-                                      what, prepare=fill))
+            for label, what, step in await sqlalchemy_steps(conn):
+                rows.append(await measure(label, what, step, n, repeat))
+        for label, what, step in lane_steps(url):
+            rows.append(await measure(label, what, step, n, repeat,
+                                      filler(raw, "ceiling_write")))
+        for label, what, step in batch_steps(raw, batch):
+            rows.append(await measure(label, what, step, noop_jobs, repeat, filler(raw, "noop")))
     finally:
         await raw.close()
         await plain.dispose()
-        await lanes.dispose()
         await scenarios.close_bench(name)
     return rows
-
-
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a plain-text table."""
     lines = [f"{'':42} {'wall µs':>9} {'client CPU':>11} {'server CPU':>11} {'jobs/s':>9}"]
