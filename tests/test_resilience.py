@@ -4,7 +4,7 @@ Every test ends by checking the same invariants: every job completed, none
 left `processing`, and each job's database effect (a row written through the
 handler's session) committed exactly once, even where a job ran twice. The
 recovery times the tests observe are recorded as test properties; they are
-measured properly, over repeated trials, by `python -m jobqueue.benchmarks.recovery`.
+measured properly, over repeated trials, by the recovery notebook (`jobqueue.benchmarks.recovery`).
 """
 
 from __future__ import annotations

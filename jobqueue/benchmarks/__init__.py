@@ -34,6 +34,8 @@ _CHECKOUT = Path(__file__).resolve().parents[2]
 PARAM_PREFIX = "JOBQUEUE_BENCH_"
 RUN_ENV = f"{PARAM_PREFIX}RUN"
 COMMIT_ENV = f"{PARAM_PREFIX}COMMIT"
+#: The file a series reports its steps to (`scenarios.progress`), set by the driver.
+PROGRESS_ENV = "JOBQUEUE_BENCH_PROGRESS"
 #: What a bench run itself rewrites: not a change to the code it measured.
 _RUN_OUTPUTS = ("notebooks/benchmarks/", "BENCHMARKS.md")
 

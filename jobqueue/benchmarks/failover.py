@@ -2,19 +2,14 @@
 on a promoted standby, and what the promotion itself costs.
 
 A trial: a primary and its synchronous standby (`jobqueue.embedded.pair`),
-one `jobqueue worker` whose DATABASE_URL names both, and a stream of jobs
-(the recovery benchmark's handler: a row per run, in the job's transaction).
-Under way, the primary's postmaster gets SIGKILL, and the standby is promoted
-at once, as a failover manager would once it has decided (its own detection
-delay, seconds in Patroni or a cloud service, is not part of this). Times on
-the servers' clock (both on this machine): from the kill to the end of the
-promotion (`promoted_s`), the promotion alone (`promotion_s`: `pg_promote` to
-the first moment the standby takes writes), and from the kill to the first
-job the worker completes on the new primary (`resume_s`). Then every job must
-complete, each run exactly once, and the jobs completed before the kill must
-still be completed, untouched; `replication` is how the primary saw its
-standby just before the kill ("sync"). After each trial the lost server is rebuilt as
-the standby, so the next trial fails over the other way.
+one `jobqueue worker` whose DATABASE_URL names both, and the recovery
+trials' stream of jobs. Under way, the primary's postmaster gets SIGKILL and
+the standby is promoted at once, as a failover manager would once it has
+decided (its own detection delay, seconds in Patroni or a cloud service, is
+not part of this). Then every job must complete, each run exactly once, and
+the jobs completed before the kill must still be completed, untouched. After
+each trial the lost server is rebuilt as the standby, so the next trial
+fails over the other way.
 """
 
 from __future__ import annotations
@@ -26,37 +21,37 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from jobqueue import db
-from jobqueue.benchmarks.recovery import run_counts, shown_flags, worker_argv
+from jobqueue.benchmarks.recovery import (
+    reset,
+    run_counts,
+    shown_flags,
+    stream,
+    timeline,
+    worker_argv,
+)
 from jobqueue.benchmarks.recovery_runs import RUNS_TABLE
+from jobqueue.benchmarks.scenarios import progress
 from jobqueue.embedded.pair import EmbeddedPair, migrated_pair
 from jobqueue.testing import WorkerProcess, in_state, wait_for
-
-#: The workers' batch size, as in the recovery trials.
-BATCH_SIZE = 10
-#: Completions before the kill: past each lane's first (claimed) job.
-UNDER_WAY = 50
-#: Seconds of the new primary's work a trial's timeline shows after its first completion.
-TIMELINE_AFTER = 0.5
-
 
 _COMPLETED = "SELECT id, completed_at FROM jobs WHERE status = 'completed'"
 
 
 async def failover_trial(pair: EmbeddedPair, *, jobs: int = 1000, job_seconds: float = 0.005,
-                         lease: float = 5.0, log_dir: Path | None = None,
-                         keep_timeline: bool = False) -> dict[str, Any]:
-    """One failover under load (module docstring); the pair is rebuilt first
-    if an earlier trial left it without a standby. keep_timeline: also the
-    jobs completed per 100 ms from 1 s before the kill to TIMELINE_AFTER
-    seconds after the first completion on the new primary."""
+                         lease: float = 5.0, log_dir: Path | None = None) -> dict[str, Any]:
+    """One failover under load; the pair is rebuilt first if an earlier trial
+    left it without a standby. Times on the servers' clock: from the kill to
+    the end of the promotion (`promoted_s`), the promotion alone
+    (`promotion_s`: `pg_promote` to the first moment the standby takes
+    writes), from the kill to the first job completed on the new primary
+    (`resume_s`); `replication`, how the primary saw its standby just before
+    the kill ("sync"); `timeline`, completions around the kill by server."""
     if pair.standby is None:
         await asyncio.to_thread(pair.rebuild)
     assert pair.standby is not None
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-failover-"))
-    args = worker_argv(lease, BATCH_SIZE)
+    args = worker_argv(lease, 10)
     url = pair.url()
     watch = await db.connect(url, application_name="jobqueue failover", command_timeout=30)
     # On the standby's own socket: it answers before and after its promotion.
@@ -64,16 +59,10 @@ async def failover_trial(pair: EmbeddedPair, *, jobs: int = 1000, job_seconds: f
                              command_timeout=30)
     worker = WorkerProcess(url, log_dir / f"worker-{uuid.uuid4().hex[:8]}.log", *args)
     try:
-        await watch.execute("TRUNCATE jobs, recovery_runs; DELETE FROM jobqueue_workers")
+        await reset(watch)
         await wait_for(lambda: in_state(watch, worker, "active"), timeout=60,
                        message="the worker to be active")
-        await watch.execute(
-            "INSERT INTO jobs (job_type, payload, run_at) SELECT 'recovery_run',"
-            " jsonb_build_object('seconds', $1::float8), clock_timestamp()"
-            " FROM generate_series(1, $2)", job_seconds, jobs)
-        await wait_for(lambda: watch.fetchval(
-            "SELECT count(*) >= $1 FROM jobs WHERE status = 'completed'", UNDER_WAY),
-            timeout=60, message="work under way")
+        await stream(watch, jobs, job_seconds, under_way=50)  # past each lane's first job
         before = dict(await watch.fetch(_COMPLETED))
         replication = await asyncio.to_thread(pair.replication)
         watch.terminate()
@@ -101,9 +90,10 @@ async def failover_trial(pair: EmbeddedPair, *, jobs: int = 1000, job_seconds: f
             "completed_before": len(before),
             "kept_before": sum(after.get(job) == at for job, at in before.items()),
             "completed": runs["completed"], "completed_not_once": runs["completed_not_once"],
-            "ran_twice": runs["ran_twice"], "argv": " ".join(args)}
-        if keep_timeline:
-            result["timeline"] = await _timeline(clock, killed, first)
+            "ran_twice": runs["ran_twice"], "argv": " ".join(args),
+            "timeline": [{"server": "old primary" if p["t"] < 0 else "new primary",
+                          "t": p["t"], "jobs": p["jobs"]}
+                         for p in await timeline(clock, killed, first)]}
         return result
     finally:
         worker.close()
@@ -112,31 +102,18 @@ async def failover_trial(pair: EmbeddedPair, *, jobs: int = 1000, job_seconds: f
                 conn.terminate()
 
 
-async def _timeline(conn: asyncpg.Connection, killed: datetime, first: datetime
-                    ) -> list[dict[str, Any]]:
-    rows = await conn.fetch(
-        "SELECT CAST(floor(extract(epoch FROM completed_at - $1) * 10) / 10 AS float8) AS t,"
-        " count(*) AS jobs FROM jobs"
-        " WHERE completed_at BETWEEN $1::timestamptz - interval '1 second'"
-        " AND $2::timestamptz + make_interval(secs => $3)"
-        " GROUP BY 1 ORDER BY 1", killed, first, TIMELINE_AFTER)
-    return [{"server": "old primary" if r["t"] < 0 else "new primary", **dict(r)} for r in rows]
-
-
 async def failover_series(trials: int, *, jobs: int, job_seconds: float = 0.005,
                           lease: float = 5.0) -> tuple[list[dict[str, Any]],
                                                        list[dict[str, Any]]]:
     """`trials` failovers on one pair (rebuilt between them): a row per
     trial, and each trial's timeline."""
-    from jobqueue.benchmarks.scenarios import progress
-
     times, timelines = [], []
     pair = await migrated_pair(RUNS_TABLE)
     try:
         with progress(trials, "failover") as bar:
             for trial in range(1, trials + 1):
                 result = await failover_trial(pair, jobs=jobs, job_seconds=job_seconds,
-                                              lease=lease, keep_timeline=True)
+                                              lease=lease)
                 timelines += [{"trial": trial, **point} for point in result.pop("timeline")]
                 times.append({"trial": trial, **result})
                 bar.update()

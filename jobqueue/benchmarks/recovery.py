@@ -1,61 +1,35 @@
-"""Dead-worker recovery, measured: `python -m jobqueue.benchmarks.recovery`.
+"""Dead-worker recovery, measured (`recovery.ipynb`).
 
 A trial: an active worker and a standby (real processes) work through a
 stream of jobs; the active one receives SIGKILL (a crash) or SIGSTOP (a hang:
-its connections stay open). The recovery time is from the signal to the
-first job the standby completes, both read on the database's clock. After a
-crash, PostgreSQL sees the connection close at once and the standby's blocked
-`pg_advisory_lock` returns; after a hang, nothing happens until the worker's
-heartbeat is older than the lease and a standby fences it off.
-
-The active worker holds its jobs one of two ways when the signal comes
-(`SETUPS`): fast jobs in *quick batches* (locked inside a transaction that
-dies with the worker: nothing to put back), or *claimed* (`--quick-batch 0`,
-or jobs slower than the quick threshold): committed as `processing` with the
-worker's id, so the standby must find them and put them back (the rescue
-path). A rescue-path trial first catches the worker holding claimed jobs and
-reads them from the database while it is frozen (`held_processing`), then
-times how long until the standby has completed every one of them, and checks
-from a table the handler writes (a row per run that committed) that each ran
-exactly once.
+its connections stay open). Recovery is timed from the signal to the first
+job the standby completes, on the database's clock. The active worker holds
+its jobs one of two ways (`SETUPS`): in quick batches, whose transaction dies
+with it, or claimed, committed as `processing`, which the standby must put
+back (the rescue path). A rescue-path trial catches the worker holding
+claimed jobs, and checks from a table the handler writes (a row per run that
+committed) that each ran exactly once.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import csv
-import logging
-import os
 import shlex
 import signal
-import statistics
 import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from jobqueue import db, embedded
-from jobqueue.benchmarks.quick import (
-    drop_bench_database,
-    header,
-    machine_info,
-    prepare_database,
-    results_dir,
-    server_info,
-)
+from jobqueue import db
 from jobqueue.benchmarks.recovery_runs import RUNS_TABLE
 from jobqueue.benchmarks.scenarios import progress, worker_options
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 
-logger = logging.getLogger(__name__)
-
-RECOVERY_DATABASE = "jobqueue_bench_recovery"
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
 #: Seconds of the standby's work a trial's timeline shows after its first completion.
 TIMELINE_AFTER = 0.5
@@ -202,7 +176,6 @@ async def recovery_trial(
     batch_size: int = 10,
     flags: Sequence[str] = (),
     log_dir: Path | None = None,
-    keep_timeline: bool = False,
 ) -> dict[str, Any]:
     """One crash (or hang) of the active worker under load; seconds to recover
     (`seconds`: to the standby's first completion; `started_s`: to the start
@@ -214,11 +187,8 @@ async def recovery_trial(
     says how many (`held_processing`), how long until the standby had
     completed the last of them (`held_done_s`), how many of them it completed
     exactly once (`held_completed_once`), and how many of all completed jobs
-    did not run exactly once (`completed_not_once`).
-
-    keep_timeline: also return completions per 100 ms by worker ("first" was
-    active, "second" stood by) from 1 s before the signal to TIMELINE_AFTER
-    seconds after the standby's first completion."""
+    did not run exactly once (`completed_not_once`). `timeline`: completions
+    around the signal by worker ("first" was active, "second" stood by)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-recovery-"))
     args = worker_argv(lease, batch_size, flags)
     path = path_of(args, job_seconds)
@@ -226,22 +196,12 @@ async def recovery_trial(
     workers: list[WorkerProcess] = []
     try:
         await conn.execute(RUNS_TABLE)
-        await conn.execute("TRUNCATE jobs, recovery_runs; DELETE FROM jobqueue_workers")
+        await reset(conn)
         workers, active, active_id, standby_id = await _start_pair(url, conn, args, log_dir)
-        # Due one after another, as a stream's jobs are (one statement would
-        # give them all the same run_at, and a job put back could then be
-        # taken after every other instead of first).
-        await conn.execute(
-            "INSERT INTO jobs (job_type, payload, run_at) SELECT 'recovery_run',"
-            " jsonb_build_object('seconds', $1::float8), clock_timestamp()"
-            " FROM generate_series(1, $2)", job_seconds, jobs)
         # 20 jobs, or 0.2 s worth: past each lane's first job, which it
         # claims whatever the path (to learn how long jobs take).
-        under_way = max(2, min(20, int(0.2 / job_seconds), jobs // 10))
-        await wait_for(
-            lambda: conn.fetchval("SELECT count(*) >= $1 FROM jobs WHERE status = 'completed'",
-                                  under_way),
-            timeout=30, message="work under way")
+        await stream(conn, jobs, job_seconds,
+                     under_way=max(2, min(20, int(0.2 / job_seconds), jobs // 10)))
 
         held, signalled = await _freeze(conn, active, active_id, rescue=path == "claimed")
         if sig != signal.SIGSTOP:
@@ -273,9 +233,8 @@ async def recovery_trial(
             "held_completed_once": runs["held_completed_once"],
             "left_processing": in_flight, "completed": runs["completed"],
             "completed_not_once": runs["completed_not_once"], "ran_twice": runs["ran_twice"],
-            "argv": shlex.join(args)}
-        if keep_timeline:
-            result["timeline"] = await _timeline(conn, standby_id, signalled, first)
+            "argv": shlex.join(args),
+            "timeline": await timeline(conn, signalled, first, standby_id)}
         return result
     finally:
         for w in workers:
@@ -300,8 +259,7 @@ async def recovery_series(url: str, *, signals: Sequence[str], trials: int, leas
             for name in signals:
                 for trial in range(1, trials + 1):
                     result = await recovery_trial(url, SIGNALS[name], lease=lease, jobs=jobs,
-                                                  flags=how.flags, job_seconds=how.job_seconds,
-                                                  keep_timeline=True)
+                                                  flags=how.flags, job_seconds=how.job_seconds)
                     timeline = result.pop("timeline")
                     times.append({"setup": setup, **result, "trial": trial})
                     timelines += [{"setup": setup, "signal": name, "trial": trial, **point}
@@ -310,8 +268,30 @@ async def recovery_series(url: str, *, signals: Sequence[str], trials: int, leas
     return times, timelines
 
 
-async def _timeline(conn: asyncpg.Connection, standby_id: int, signalled: datetime,
-                    first: datetime) -> list[dict[str, Any]]:
+async def reset(conn: asyncpg.Connection) -> None:
+    await conn.execute("TRUNCATE jobs, recovery_runs; DELETE FROM jobqueue_workers")
+
+
+async def stream(conn: asyncpg.Connection, jobs: int, job_seconds: float, under_way: int
+                 ) -> None:
+    """Queue `jobs` `recovery_run` jobs due one after another, as a stream's
+    are (one statement would give them all the same run_at, and a job put
+    back could then be taken after every other instead of first); return
+    once `under_way` of them are completed."""
+    await conn.execute(
+        "INSERT INTO jobs (job_type, payload, run_at) SELECT 'recovery_run',"
+        " jsonb_build_object('seconds', $1::float8), clock_timestamp()"
+        " FROM generate_series(1, $2)", job_seconds, jobs)
+    await wait_for(lambda: conn.fetchval(
+        "SELECT count(*) >= $1 FROM jobs WHERE status = 'completed'", under_way),
+        timeout=60, message="work under way")
+
+
+async def timeline(conn: asyncpg.Connection, signalled: datetime, first: datetime,
+                   standby_id: int | None = None) -> list[dict[str, Any]]:
+    """Jobs completed per 100 ms (`t` from the signal) from 1 s before the
+    signal to TIMELINE_AFTER s after `first`, by worker: "second" is the
+    standby's (`standby_id`), "first" any other's."""
     await wait_for(lambda: conn.fetchval(
         "SELECT clock_timestamp() > $1::timestamptz + make_interval(secs => $2)", first,
         TIMELINE_AFTER), timeout=10, interval=0.05, message="some work after recovery")
@@ -323,82 +303,3 @@ async def _timeline(conn: asyncpg.Connection, standby_id: int, signalled: dateti
         " AND $3::timestamptz + make_interval(secs => $4)"
         " GROUP BY 1, 2 ORDER BY 2, 1", standby_id, signalled, first, TIMELINE_AFTER)
     return [dict(r) for r in rows]
-
-
-async def measure_recovery(url: str, sig: signal.Signals, trials: int, **options: Any
-                           ) -> list[dict[str, Any]]:
-    """`trials` independent trials; `url` must name a benchmark database."""
-    results = []
-    for n in range(trials):
-        result = await recovery_trial(url, sig, **options)
-        logger.info("%s, %s trial %d: %.3fs (held %d)", result["path"], sig.name, n + 1,
-                    result["seconds"], result["held_processing"])
-        results.append({"trial": n + 1, **result})
-    return results
-
-
-def summary_table(results: Sequence[dict[str, Any]]) -> str:
-    lines = ["| path | flags | job (ms) | signal | trials | median (s) | min (s) | max (s) "
-             "| held (max) | last held job done, median (s) |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
-    groups: dict[tuple[str, str, float, str], list[dict[str, Any]]] = {}
-    for r in results:
-        groups.setdefault((r["path"], r["flags"], r["job_ms"], r["signal"]), []).append(r)
-    for (path, flags, job_ms, name), rows in groups.items():
-        seconds = [r["seconds"] for r in rows]
-        done = [r["held_done_s"] for r in rows if r["held_done_s"] is not None]
-        lines.append(f"| {path} | `{flags}` | {job_ms:g} | {name} | {len(rows)} "
-                     f"| {statistics.median(seconds):.3f} | {min(seconds):.3f} "
-                     f"| {max(seconds):.3f} | {max(r['held_processing'] for r in rows)} "
-                     f"| {f'{statistics.median(done):.3f}' if done else '–'} |")
-    return "\n".join(lines)
-
-
-async def run(trials: int, signals: Sequence[str], lease: float, setups: Sequence[str]
-              ) -> list[dict[str, Any]]:
-    url = await prepare_database(embedded.database_url(), RECOVERY_DATABASE)
-    try:
-        context = {**machine_info(), **await server_info(url)}
-        results: list[dict[str, Any]] = []
-        for setup in setups:
-            for name in signals:
-                results += await measure_recovery(
-                    url, SIGNALS[name], trials, lease=lease, flags=SETUPS[setup].flags,
-                    job_seconds=SETUPS[setup].job_seconds)
-    finally:
-        await drop_bench_database(url, RECOVERY_DATABASE)
-    path = results_dir() / f"recovery-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        for key, value in context.items():
-            f.write(f"# {key}: {value}\n")
-        writer = csv.DictWriter(f, fieldnames=list(results[0]))
-        writer.writeheader()
-        writer.writerows(results)
-    print(header(context))
-    print(f"\nRecovery: signal to the standby's first completed job (database clock), "
-          f"{trials} trial(s) each\n")
-    print(summary_table(results))
-    print(f"\nRaw results: {path}")
-    return results
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m jobqueue.benchmarks.recovery", description=__doc__)
-    p.add_argument("--trials", type=int, default=int(os.environ.get("JOBQUEUE_BENCH_TRIALS", 10)))
-    p.add_argument("--signals", default="SIGKILL,SIGSTOP")
-    p.add_argument("--setups", default=",".join(SETUPS),
-                   help=f"how the active worker holds its jobs: {', '.join(SETUPS)}")
-    p.add_argument("--lease", type=float, default=5.0)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    signals = [s.strip().upper() for s in args.signals.split(",") if s.strip()]
-    setups = [s.strip().lower() for s in args.setups.split(",") if s.strip()]
-    unknown = (set(signals) - set(SIGNALS)) | (set(setups) - set(SETUPS))
-    if unknown:
-        p.error(f"unknown signal(s) or setup(s): {', '.join(sorted(unknown))}")
-    asyncio.run(run(args.trials, signals, args.lease, setups))
-
-
-if __name__ == "__main__":
-    main()

@@ -14,7 +14,7 @@ other; BENCHMARKS.md marks its section as coming from that run.
 The notebooks execute in a Jupyter kernel (nbclient) and are saved with their
 outputs in place. Nothing they draw reaches a terminal, so this driver says
 on its own where the run is: the notebook, the section of the cell running,
-the step of a series (`jobqueue.benchmarks.progress`), and an estimate of the
+the step of a series (`scenarios.progress`), and an estimate of the
 time left from how long each cell took in the last full run (the committed
 notebooks keep their cells' timings) and how long the steps of the last run
 took (`run.json` beside the results). Every results file is stamped with the
@@ -39,9 +39,9 @@ from typing import Any
 from jobqueue.benchmarks import (
     COMMIT_ENV,
     PARAM_PREFIX,
+    PROGRESS_ENV,
     RUN_ENV,
     checkout_commit,
-    progress,
     run_record,
 )
 
@@ -90,6 +90,23 @@ def headings(cells: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def last_step(path: Path) -> dict[str, Any] | None:
+    """The latest step a series wrote to `path` (`scenarios.progress`), None before the first."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)  # type: ignore[no-any-return]
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
 class Ticker:
     """The run's line on the terminal, from a thread while a cell executes."""
 
@@ -115,7 +132,7 @@ class Ticker:
     def line(self) -> str:
         now = time.monotonic()
         in_cell = now - self.cell_started
-        step = progress.last(self.progress_file)
+        step = last_step(self.progress_file)
         here = ""
         cell_left = None if self.cell_expected is None else max(0.0, self.cell_expected - in_cell)
         if step and step["t"] >= time.time() - in_cell - 1:
@@ -216,7 +233,7 @@ def overrides(environ: dict[str, str]) -> dict[str, str]:
     """The notebook parameters set from the environment (`lab.param`'s
     `JOBQUEUE_BENCH_<NAME>`): the run's record keeps them, so a document
     rendered from it says where the run was not the notebooks' full size."""
-    own = {RUN_ENV, COMMIT_ENV, progress.PROGRESS_ENV}  # the driver's, not parameters
+    own = {RUN_ENV, COMMIT_ENV, PROGRESS_ENV}  # the driver's, not parameters
     return {key: value for key, value in environ.items()
             if key.startswith(PARAM_PREFIX) and key not in own}
 
@@ -249,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     progress_file = Path(tempfile.mkstemp(prefix="jobqueue-bench-", suffix=".jsonl")[1])
     os.environ.update({"JOBQUEUE_LAB_SIZE": "full", RUN_ENV: started, COMMIT_ENV: commit,
-                       progress.PROGRESS_ENV: str(progress_file)})
+                       PROGRESS_ENV: str(progress_file)})
     ticker = Ticker(progress_file, sum(estimates.values()))
     ticker.start()
     took: dict[str, float] = {}

@@ -36,10 +36,11 @@ import functools
 import io
 import json
 import logging
+import os
 import shlex
 import signal
-import statistics
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from decimal import Decimal
 from pathlib import Path
@@ -48,22 +49,19 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db, embedded
-from jobqueue.benchmarks import rss
+from jobqueue.benchmarks import PROGRESS_ENV, rss
 from jobqueue.benchmarks.handlers import BENCH_TABLE
-from jobqueue.benchmarks.quick import (
-    drop_bench_database,
-    machine_info,
-    prepare_database,
-    quantile,
-    server_info,
-)
 from jobqueue.lab import examples
+from jobqueue.schema import migrations
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, WorkerConfig
 
 logger = logging.getLogger(__name__)
 
+#: Every benchmark database is `jobqueue_bench_<name>`: the benchmarks
+#: TRUNCATE `jobs` and drop their database, so they refuse any other name.
 LAB_DATABASE_PREFIX = "jobqueue_bench_"
+
 #: Each benchmark handler's payload (`process_payment`'s differs per job: `payments`).
 HANDLERS: dict[str, dict[str, Any]] = {"noop": {}, "write_row": {},
                                        "sleep_10ms": {"seconds": 0.01}, "process_payment": {},
@@ -101,11 +99,24 @@ async def create_demo_tables(conn: asyncpg.Connection) -> None:
         await conn.execute(statement)
 
 
+def check_bench_name(name: str | None) -> str:
+    """`name`, if it is a benchmark database's (`jobqueue_bench`, or
+    `LAB_DATABASE_PREFIX` and more); else ValueError: pointed at a real queue
+    by mistake, a benchmark would destroy it."""
+    if not name or not (name == LAB_DATABASE_PREFIX[:-1] or name.startswith(LAB_DATABASE_PREFIX)):
+        raise ValueError("the benchmark truncates `jobs`, so it only runs on database "
+                         f"'jobqueue_bench' or 'jobqueue_bench_*', not {name!r}")
+    return name
+
+
 async def open_bench(name: str) -> str:
     """A migrated database of this benchmark's own (`jobqueue_bench_<name>`),
     replacing any leftover, with the tables the handlers write; its URL. Pair
     with `close_bench(name)`."""
-    url = await prepare_database(embedded.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
+    server = db.database_url(embedded.database_url())
+    url = await db.create_database(server, check_bench_name(f"{LAB_DATABASE_PREFIX}{name}"),
+                                   replace=True)
+    await migrations.upgrade(url)
     conn = await db.connect(url)
     try:
         await conn.execute(BENCH_TABLE)
@@ -116,7 +127,8 @@ async def open_bench(name: str) -> str:
 
 
 async def close_bench(name: str) -> None:
-    await drop_bench_database(embedded.database_url(), f"{LAB_DATABASE_PREFIX}{name}")
+    await db.drop_database(db.database_url(embedded.database_url()),
+                           check_bench_name(f"{LAB_DATABASE_PREFIX}{name}"))
 
 
 @contextlib.asynccontextmanager
@@ -130,8 +142,42 @@ async def bench_database(name: str) -> AsyncIterator[str]:
 
 
 async def environment(url: str) -> dict[str, str]:
-    """Machine and server facts every results file carries."""
-    return {**machine_info(), **await server_info(url)}
+    """Machine and server facts every results file carries: numbers mean
+    little without the machine, the server's version and the settings that
+    move them most (durability, the buffer cache)."""
+    info = {"cpu": "unknown", "cores": str(os.cpu_count() or "?"), "ram": "unknown"}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["ram"] = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+                break
+    except OSError:
+        logger.info("no /proc: machine details unknown")
+    conn = await db.connect(url, application_name="jobqueue bench")
+    try:
+        row = await conn.fetchrow(
+            "SELECT version() AS postgres, current_setting('fsync') AS fsync,"
+            " current_setting('synchronous_commit') AS synchronous_commit,"
+            " current_setting('shared_buffers') AS shared_buffers")
+    finally:
+        await conn.close()
+    return {**info, **dict(row)}
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile with linear interpolation: the same definition as
+    PostgreSQL's percentile_cont, so client and database figures compare."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 async def _reset(conn: asyncpg.Connection, handler: str = "noop") -> None:
@@ -649,20 +695,43 @@ def _qname(q: float) -> str:
     return f"{q * 100:g}".replace(".", "_")
 
 
-def spread(values: Sequence[float]) -> dict[str, float]:
-    """Median and range of repeated measurements."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 # -- series of runs, with progress bars ------------------------------------------
 
 
-def progress(total: int, desc: str) -> Any:
-    """Progress of a series of runs: on the bench driver's terminal under
-    `make bench`, a tqdm bar in a notebook opened by hand (`progress.steps`)."""
-    from jobqueue.benchmarks.progress import steps
+class _Steps:
+    """A series' progress as JSON lines in the file the bench driver reads."""
 
-    return steps(total, desc)
+    def __init__(self, total: int, desc: str, path: Path) -> None:
+        self.total, self.desc, self.path, self.done = total, desc, path, 0
+        self.started = time.time()
+        self.update(0)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        line = {"desc": self.desc, "done": self.done, "total": self.total,
+                "started": self.started, "t": time.time()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def __enter__(self) -> _Steps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def progress(total: int, desc: str) -> Any:
+    """Progress of a series of runs. Under `make bench` the notebooks run in
+    a kernel with no terminal, where a bar would only add hundreds of stderr
+    lines to the committed notebook: the steps go as JSON lines to the file
+    the driver names (`PROGRESS_ENV`), and it shows them. A notebook opened
+    by hand gets a tqdm bar."""
+    target = os.environ.get(PROGRESS_ENV)
+    if target:
+        return _Steps(total, desc, Path(target))
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)
 
 
 #: A drain shorter than this is not a measurement: one slow commit or a

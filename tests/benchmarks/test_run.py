@@ -10,12 +10,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from jobqueue.benchmarks import COMMIT_ENV, RUN_ENV, load, progress, run, save
+from jobqueue.benchmarks import COMMIT_ENV, PROGRESS_ENV, RUN_ENV, load, run, save
 
 CELLS = [
     nbformat.v4.new_markdown_cell("# A demo\n\n## The series"),
-    nbformat.v4.new_code_cell("from jobqueue.benchmarks.progress import steps\n"
-                              "with steps(3, 'demo') as bar:\n"
+    nbformat.v4.new_code_cell("from jobqueue.benchmarks.scenarios import progress\n"
+                              "with progress(3, 'demo') as bar:\n"
                               "    for _ in range(3):\n"
                               "        bar.update()\n"
                               "print('ran', bar.done)"),
@@ -31,7 +31,7 @@ def test_a_notebook_runs_in_place_with_its_progress_heard_not_drawn(
                                  "language": "python"}
     nbformat.write(nb, tmp_path / "demo.ipynb")
     steps_file = tmp_path / "steps.jsonl"
-    monkeypatch.setenv(progress.PROGRESS_ENV, str(steps_file))
+    monkeypatch.setenv(PROGRESS_ENV, str(steps_file))
     ticker = run.Ticker(steps_file, remaining_after=0.0)
     labels: list[str] = []
     monkeypatch.setattr(ticker, "show", lambda force=False: labels.append(ticker.line()))
@@ -46,7 +46,7 @@ def test_a_notebook_runs_in_place_with_its_progress_heard_not_drawn(
     assert any("demo cell 2/2 · After" in label for label in labels)
     lines = [json.loads(line) for line in steps_file.read_text().splitlines()]
     assert [line["done"] for line in lines] == [0, 1, 2, 3]
-    assert progress.last(steps_file)["total"] == 3
+    assert run.last_step(steps_file)["total"] == 3
 
 
 def test_a_failed_cell_names_the_notebook(tmp_path: Path) -> None:
