@@ -1,30 +1,10 @@
-"""The three measurements of the benchmark lab.
+"""The lab's measurements of jobqueue: drains, open-loop latency, soaks.
 
-- `drain`: N jobs already in the table, W worker processes (exclusive or
-  shared mode), batch size B; how fast the table empties. Timed on the
-  database's clock from the first claim to the last completion, so process
-  start-up (a second of Python imports) is not counted.
-- `cli_drain`: the same, with the worker started the way the README starts
-  it (`jobqueue worker --import MODULE` and whatever flags are given, none by
-  default: no `--burst`, its INFO logs to a file as a terminal or journal
-  would get them), stopped with SIGTERM once every job is done, and required
-  to exit 0. Jobs can do real work: `write_row` (one INSERT) or the seed's
-  `process_payment` (`jobqueue.lab.examples`: a balance UPDATE and a payment
-  INSERT), and every drain checks that each job wrote exactly its rows.
-- `routing_series`: the same no-op jobs in one queue at one priority, then
-  spread over queues × priorities (`routing_drain`), drained by one CLI
-  worker: throughput, and whether each queue completed its higher
-  priorities first (from `completed_at`).
-- `open_loop`: jobs arrive one by one at a fixed rate, each in its own
-  transaction, on a schedule that does not wait for the queue (open loop);
-  an idle worker process picks them up. Distributions of enqueue-to-start
-  and enqueue-to-completion.
-- `memory_timeline`: one worker drains a big table while its resident memory
-  is sampled from outside (`rss`); `drain(..., memory=True)` adds the same
-  figures to any drain.
-
-The peer queues of the comparison notebook run through the same machinery in
-`jobqueue.benchmarks.peers`.
+Every one runs real `jobqueue worker` processes against a database of its
+own and is timed on the database's clock from the jobs' own timestamps (a
+drain from its first claim to its last completion), so process start-up is
+not counted; each checks that every job completed and wrote exactly its
+rows. The peers of the comparison run through the same plumbing (`peers`).
 """
 
 from __future__ import annotations
@@ -81,9 +61,7 @@ QUANTILES = (0.5, 0.95, 0.99, 0.999)
 #: 10 jobs/s took 15.5 ms where the others took 2), which is start-up, not
 #: steady-state latency.
 WARMUP_SECONDS = 1.0
-#: How often `cli_drain` looks whether every job is done. Not part of the
-#: timed span (that comes from the jobs' own timestamps), so it only has to be
-#: gentle on the machine the workers share.
+#: How often `until_done` looks (not part of the timed span).
 DONE_POLL = 0.05
 #: Users `process_payment` jobs pay into, one after another (job i pays user
 #: i mod PAYMENT_USERS): a batch of up to 1,000 jobs in each of up to four
@@ -100,9 +78,7 @@ async def create_demo_tables(conn: asyncpg.Connection) -> None:
 
 
 def check_bench_name(name: str | None) -> str:
-    """`name`, if it is a benchmark database's (`jobqueue_bench`, or
-    `LAB_DATABASE_PREFIX` and more); else ValueError: pointed at a real queue
-    by mistake, a benchmark would destroy it."""
+    """`name`, if it is a benchmark database's; else ValueError."""
     if not name or not (name == LAB_DATABASE_PREFIX[:-1] or name.startswith(LAB_DATABASE_PREFIX)):
         raise ValueError("the benchmark truncates `jobs`, so it only runs on database "
                          f"'jobqueue_bench' or 'jobqueue_bench_*', not {name!r}")
@@ -110,9 +86,8 @@ def check_bench_name(name: str | None) -> str:
 
 
 async def open_bench(name: str) -> str:
-    """A migrated database of this benchmark's own (`jobqueue_bench_<name>`),
-    replacing any leftover, with the tables the handlers write; its URL. Pair
-    with `close_bench(name)`."""
+    """A fresh migrated database `jobqueue_bench_<name>` with the tables the
+    handlers write; its URL. Pair with `close_bench(name)`."""
     server = db.database_url(embedded.database_url())
     url = await db.create_database(server, check_bench_name(f"{LAB_DATABASE_PREFIX}{name}"),
                                    replace=True)
@@ -142,9 +117,8 @@ async def bench_database(name: str) -> AsyncIterator[str]:
 
 
 async def environment(url: str) -> dict[str, str]:
-    """Machine and server facts every results file carries: numbers mean
-    little without the machine, the server's version and the settings that
-    move them most (durability, the buffer cache)."""
+    """The machine, and the server settings that move the numbers most, for
+    every results file."""
     info = {"cpu": "unknown", "cores": str(os.cpu_count() or "?"), "ram": "unknown"}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -189,9 +163,8 @@ async def _reset(conn: asyncpg.Connection, handler: str = "noop") -> None:
 
 
 def payments(n: int) -> list[dict[str, Any]]:
-    """The payloads of n `process_payment` jobs: user i mod PAYMENT_USERS (plus
-    one), a positive amount (so no payment can overdraw and fail) and a payment
-    id of its own (so none is refused as a repeat). Every system queues these."""
+    """The payloads every system queues for n `process_payment` jobs: positive
+    amounts (none can overdraw and fail), an id each (none is a repeat)."""
     return [{"user_id": 1 + i % PAYMENT_USERS, "amount": f"{1 + i % 97}.{i % 100:02d}",
              "payment_id": f"bench-{i}"} for i in range(n)]
 
@@ -221,11 +194,9 @@ _WRITES = """
 
 
 async def check_writes(conn: asyncpg.Connection, handler: str, n: int, system: str) -> None:
-    """RuntimeError unless the n jobs of a drain wrote exactly their rows:
-    `write_row` and `write_row_sync`, n rows for n distinct jobs; `process_payment`, n payments
-    (their ids are the primary key, so a job run twice cannot add one), the
-    balances summing to what was paid, each user's to its own payments;
-    any other handler, nothing."""
+    """RuntimeError unless the n jobs of a drain wrote exactly their rows (a
+    row writer's, one each; `process_payment`'s, a payment each and balances
+    matching them; any other handler's, nothing)."""
     got = await conn.fetchrow(_WRITES)
     rows = n if handler in ROW_WRITERS else 0
     paid = sum((Decimal(p["amount"]) for p in payments(n)), Decimal(0)) if (
@@ -241,8 +212,7 @@ async def check_writes(conn: asyncpg.Connection, handler: str, n: int, system: s
 
 
 async def fill(conn: asyncpg.Connection, n: int, handler: str = "noop") -> None:
-    """n jobs in one server-side statement (a plain INSERT is a valid job),
-    then VACUUM ANALYZE so every run starts from the same table state."""
+    """n jobs in one statement, vacuumed so every run starts alike."""
     job_type, payload = _job(handler)
     if handler == "process_payment":
         await conn.execute(
@@ -266,8 +236,8 @@ def _job(handler: str) -> tuple[str, str]:
 
 
 def worker_argv(handler: str = "noop", *flags: str) -> list[str]:
-    """`jobqueue worker`'s arguments: `--import` of the module that registers
-    `handler`, then `flags` (none: the CLI's defaults, as the README starts it)."""
+    """`jobqueue worker`'s arguments: `--import` of `handler`'s module, then
+    `flags` (none: the CLI's defaults, as the README starts it)."""
     _job(handler)
     return ["--import", HANDLER_MODULES[handler], *flags]
 
@@ -280,16 +250,14 @@ def _worker_args(batch_size: int, shared: bool, concurrency: int, *extra: str,
 
 
 def worker_options(argv: Sequence[str]) -> argparse.Namespace:
-    """What a worker given `argv` runs with: the CLI's own parser, defaults
-    filled in (and JOBQUEUE_LOG_LEVEL read, as the worker would read it)."""
+    """What a worker given `argv` runs with, by the CLI's own parser."""
     from jobqueue.ops.cli import build_parser
 
     return build_parser().parse_args(["worker", *argv])
 
 
 def lanes(opts: argparse.Namespace) -> int:
-    """The lanes a worker given these options runs: `--concurrency` of them,
-    or as many as `--queues` gives lanes per queue (`WorkerConfig.lane_queues`)."""
+    """The lanes a worker given these options runs."""
     config = WorkerConfig(concurrency=opts.concurrency or DEFAULT_CONCURRENCY,
                           queues=getattr(opts, "queues", None) or ())
     return len(config.lane_queues)
@@ -297,8 +265,7 @@ def lanes(opts: argparse.Namespace) -> int:
 
 def worker_label(argv: Sequence[str], workers: int = 1) -> str:
     """A setup as the tables show it, built from the arguments the processes
-    got: the command line, and the lanes, batch size and log level it runs
-    with. Only `--import` given: "CLI defaults, as in the README"."""
+    got, so a label cannot claim settings a run did not use."""
     opts = worker_options(argv)
     command = "jobqueue worker " + shlex.join(argv)
     defaults = all(a == "--import" or argv[i - 1] == "--import" for i, a in enumerate(argv))
@@ -325,10 +292,9 @@ _WAL_COLUMNS = ("wal_mib", "full_page_images", "checkpoints")
 async def drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool,
                 handler: str = "noop", concurrency: int = 1, timeout: float = 900.0,
                 log_dir: Path | None = None, memory: bool = False) -> dict[str, Any]:
-    """One drain: fill the table, start `workers` burst-mode processes, wait
-    for them to exit, and read the result from the jobs table. With `memory`,
-    each process's resident memory is sampled too (`rss_start_mib`,
-    `rss_peak_mib`, `rss_end_mib`: see `rss.summary`)."""
+    """n jobs drained by `workers` burst-mode processes (exclusive or shared),
+    one lane at `batch_size` unless `concurrency`; with `memory`, their
+    resident memory too (`rss.summary`)."""
     argv = _worker_args(batch_size, shared, concurrency, "--burst", handler=handler)
     row, _ = await _drain(url, n=n, argv=argv, workers=workers, handler=handler,
                           timeout=timeout, log_dir=log_dir, memory=memory, burst=True)
@@ -338,14 +304,9 @@ async def drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool
 async def cli_drain(url: str, *, n: int, handler: str = "noop", flags: Sequence[str] = (),
                     workers: int = 1, timeout: float = 900.0, log_dir: Path | None = None,
                     memory: bool = True) -> dict[str, Any]:
-    """One drain by workers started as a user starts them:
-    `jobqueue worker --import MODULE *flags` (`worker_argv`), no `--burst`,
-    logs at whatever level the flags leave (INFO by default) into a file per
-    process. Once no job is left waiting or running (two index probes every
-    `DONE_POLL` s), each process gets SIGTERM and must exit 0. Timed, like
-    `drain`, from the first claim to the last completion on the database's
-    clock; each job's writes are checked (`check_writes`); `settings` is the
-    label `worker_label` builds from the arguments used."""
+    """A drain by workers started as the README starts them (`worker_argv`:
+    no `--burst`, INFO logs to a file unless `flags` say otherwise), stopped
+    by `until_done`."""
     argv = worker_argv(handler, *flags)
     row, _ = await _drain(url, n=n, argv=argv, workers=workers, handler=handler,
                           timeout=timeout, log_dir=log_dir, memory=memory, burst=False)
@@ -362,11 +323,10 @@ _ALL_DONE = ("SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 
 async def until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
                      timeout: float, *, done_sql: str = _ALL_DONE,
                      registered: bool = True) -> None:
-    """Wait until `done_sql` finds every job done (failing at once should a
-    worker exit) and, for jobqueue's workers (`registered`), every worker
-    has registered (so it handles signals: a small drain can end before a
-    second process is up), then stop each worker with SIGTERM; RuntimeError
-    unless each exits 0. A peer without a drain mode is stopped the same way."""
+    """Wait until `done_sql` finds every job done and, for jobqueue's workers
+    (`registered`), every worker has registered (so it handles signals: a
+    small drain can end before a second process is up); then SIGTERM each,
+    which must exit 0. A worker exiting before that is an error."""
     def exited() -> str | None:
         for p in procs:
             if p.proc.poll() is not None:
@@ -400,10 +360,9 @@ async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler
                  timeout: float, log_dir: Path | None, memory: bool, burst: bool,
                  filler: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`drain` (`burst`: the processes exit by themselves) or `cli_drain`
-    (they are stopped once the jobs are done), plus the RSS samples (empty
-    unless `memory`). `filler` queues the n jobs instead of `fill` (jobs
-    spread over queues and priorities: `routing_drain`)."""
+    """Every drain: the row and the RSS samples (`memory`); `burst` workers
+    exit by themselves, others are stopped by `until_done`; `filler` queues
+    the jobs instead of `fill`."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-drain-"))
     conn = await db.connect(url, application_name="jobqueue bench")
     procs: list[WorkerProcess] = []
@@ -463,12 +422,10 @@ async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler
 async def memory_timeline(url: str, *, n: int, batch_size: int = DEFAULT_BATCH_SIZE,
                           shared: bool = False, workers: int = 1, timeout: float = 3600.0,
                           flags: Sequence[str] | None = None) -> dict[str, Any]:
-    """One drain of `n` jobs with the workers' resident memory sampled every
-    quarter second: the summary row (`drain`'s, with the RSS figures) and the
-    timeline (`t` in seconds from the first claim, `rss_mib`). A worker that
-    kept something per job would show a line that climbs with the drain.
-    With `flags` (`[]`: the CLI's defaults), the workers run as `cli_drain`
-    runs them instead of in burst mode with one lane at `batch_size`."""
+    """A drain with the workers' resident memory sampled: its row and the
+    timeline (`t` from the first claim, `rss_mib`), where a worker keeping
+    something per job would climb. With `flags`, workers as `cli_drain` runs
+    them, else burst mode with one lane at `batch_size`."""
     if flags is None:
         argv = _worker_args(batch_size, shared, 1, "--burst")
     else:
@@ -484,9 +441,8 @@ async def _one_worker_and_producers(url: str, log_path: Path, connections: int,
                                     *worker_args: str
                                     ) -> AsyncIterator[tuple[asyncpg.Connection, asyncpg.Pool,
                                                              WorkerProcess]]:
-    """An emptied, vacuumed table, one worker process that is active and idle,
-    a pool for the producer and a connection for the measurements; the worker
-    is stopped with SIGTERM on the way out."""
+    """An empty table, one active idle worker, a producer pool and a
+    measuring connection."""
     conn = await db.connect(url, application_name="jobqueue bench")
     pool = await asyncpg.create_pool(**db.asyncpg_connect_args(url), min_size=connections,
                                      max_size=connections)
@@ -511,13 +467,11 @@ async def open_loop(url: str, *, rate: float, seconds: float,
                     connections: int = 8, log_dir: Path | None = None,
                     flags: Sequence[str] | None = None,
                     warmup: float = WARMUP_SECONDS) -> dict[str, Any]:
-    """Arrivals at `rate` jobs/s for `seconds`, each enqueued in its own
-    transaction at its scheduled time whatever the queue is doing; one idle
-    worker process (one lane at `batch_size`, WARNING logs; or, given `flags`,
-    `jobqueue worker --import jobqueue.benchmarks.handlers *flags`). Returns the
-    summary, with the worker's `argv`, and the per-job latencies; the jobs
-    enqueued in the first `warmup` seconds are marked and left out of the
-    summary's percentiles (see `latency_result`)."""
+    """Jobs arriving at `rate` for `seconds`, each in its own transaction on
+    a schedule that does not wait for the queue, picked up by one idle worker
+    (one lane at `batch_size`, or `worker_argv("noop", *flags)`): the summary
+    and each job's latencies, the first `warmup` seconds' marked and left
+    out of the percentiles."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-latency-"))
     argv = _worker_args(batch_size, False, 1) if flags is None else worker_argv("noop", *flags)
     async with _one_worker_and_producers(url, log_dir / "worker.log", connections,
@@ -546,12 +500,10 @@ async def open_loop(url: str, *, rate: float, seconds: float,
 async def soak(url: str, *, rate: float, seconds: float, keep_seconds: float,
                interval: float = 1.0, connections: int = 8,
                log_dir: Path | None = None) -> dict[str, Any]:
-    """A long steady run: arrivals at `rate` for `seconds` on one worker (its
-    defaults) that prunes completed jobs older than `keep_seconds`. Every
-    `interval` seconds: the jobs table's live and dead rows, its size and its
-    pickable index's, the backlog, autovacuum runs so far and the worker's
-    resident memory. A healthy queue draws flat or saw-toothed lines; none
-    may climb with time."""
+    """A long steady run on one worker pruning jobs older than
+    `keep_seconds`, its table, backlog, autovacuums and memory sampled every
+    `interval` s: a healthy queue draws flat or saw-toothed lines, none
+    climbing."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-soak-"))
     timeline: list[dict[str, Any]] = []
     async with _one_worker_and_producers(
@@ -596,8 +548,7 @@ async def _sample_table(conn: asyncpg.Connection, pid: int, interval: float,
 
 def _soak_summary(rate: float, seconds: float, keep_seconds: float, lateness: Sequence[float],
                   timeline: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The long run in one row: peaks over the second and the last third, so a
-    line still climbing at the end shows as a last third above the second."""
+    """Peaks over the second and last thirds: a climb shows as the last higher."""
     third = max(1, len(timeline) // 3)
     middle, last = timeline[third:2 * third] or timeline, timeline[-third:]
 
@@ -622,13 +573,10 @@ def latency_result(rate: float, seconds: float, span: float, lateness: Sequence[
                    to_start: list[float], to_complete: list[float], *,
                    arrived: Sequence[float] | None = None, warmup: float = 0.0,
                    completed: Sequence[float] | None = None) -> dict[str, Any]:
-    """An open-loop run's summary (quantiles in ms, the rate achieved over
-    `span`, the first to the last enqueue) and its per-job latencies (s).
-    Given `arrived` (each job's enqueue, seconds after the first), the jobs
-    that arrived in the first `warmup` seconds are left out of the quantiles
-    (`warmup` in the result says which; `samples`, how many count). Given
-    `completed` (each job's completion time), `jobs_per_commit` is how many
-    counted jobs shared a completion, on average: the batches that formed."""
+    """An open-loop run's summary (quantiles in ms, leaving out the jobs that
+    `arrived` in the first `warmup` s; the rate achieved over `span`; with
+    `completed`, `jobs_per_commit`: the batches that formed) and its
+    per-job latencies (s)."""
     total = len(to_complete)
     counted = [arrived is None or a >= warmup for a in (arrived or to_complete)]
     summary: dict[str, Any] = {
@@ -648,7 +596,7 @@ def latency_result(rate: float, seconds: float, span: float, lateness: Sequence[
 
 
 async def _arrivals(pool: asyncpg.Pool, rate: float, total: int) -> list[float]:
-    """Enqueue `total` jobs at `rate` with a plain INSERT each (see `arrivals`)."""
+    """`arrivals` of plain INSERTs."""
     async def one() -> None:
         async with pool.acquire() as c:
             await c.execute("INSERT INTO jobs (job_type) VALUES ('noop')")
@@ -658,17 +606,15 @@ async def _arrivals(pool: asyncpg.Pool, rate: float, total: int) -> list[float]:
 
 async def arrivals(enqueue_one: Callable[[], Awaitable[Any]], rate: float, total: int
                    ) -> list[float]:
-    """Call `enqueue_one` `total` times at `rate`, each at its own scheduled
-    time whatever the earlier ones are doing (open loop); returns how late each
-    was sent (the producer's own lag, reported with the result)."""
+    """`enqueue_one` `total` times at `rate`, open loop; how late each was
+    sent (the producer's own lag)."""
     return await arrivals_at(enqueue_one, [i / rate for i in range(total)])
 
 
 async def arrivals_at(enqueue_one: Callable[[], Awaitable[Any]], offsets: Iterable[float],
                       start: float | None = None) -> list[float]:
-    """`arrivals` on any schedule: a call at each of `offsets` (seconds after
-    `start`, a time of the running loop's clock; default 50 ms from now), in
-    order, none waiting for another; how late each was sent."""
+    """`arrivals` at `offsets` seconds after `start` (the loop's clock;
+    default 50 ms from now), none waiting for another."""
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.05 if start is None else start
     lateness: list[float] = []
@@ -747,8 +693,7 @@ _MAX_SIZING_RUNS = 3
 
 
 def sized_n(rate: float, seconds: float, *, least: int = 100, most: int = MAX_SIZED_N) -> int:
-    """Jobs for a drain of about `seconds` at `rate` jobs/s, rounded up to two
-    significant figures (so the results file shows round numbers)."""
+    """Jobs for a drain of about `seconds` at `rate`, to two significant figures."""
     want = max(least, rate * seconds)
     step = 10 ** max(0, len(str(int(want))) - 2)
     return int(min(most, -(-int(want) // step) * step))
@@ -759,14 +704,9 @@ async def drain_matrix(url: str, *, n: int | dict[int, int], batch_sizes: Sequen
                        handler: str = "noop", seconds: float = 1.5,
                        min_seconds: float = MIN_DRAIN_SECONDS,
                        max_n: int = MAX_SIZED_N) -> list[dict[str, Any]]:
-    """Every batch size × worker count × mode, `repeat` drains each, each
-    drain sized to last about `seconds`: the first of a setting drains `n`
-    jobs (or `n[batch_size]`; a later setting of the same batch size starts
-    from the rate its predecessor measured), every next one as many as the
-    last rate drains in `seconds`. A drain shorter than `min_seconds` is
-    kept in the rows with `counted` False (the sizing run) and run again,
-    bigger, unless it already drained `max_n` jobs; the figures use the
-    `counted` rows."""
+    """Every batch size × worker count × mode, `repeat` drains each, sized by
+    a `Sizer` starting at `n` (or `n[batch_size]`, or the rate the last
+    setting of that batch size measured)."""
     rows = []
     rates: dict[int, float] = {}
     with progress(len(batch_sizes) * len(workers) * len(modes) * repeat, "drain") as bar:
@@ -787,11 +727,10 @@ async def drain_matrix(url: str, *, n: int | dict[int, int], batch_sizes: Sequen
 
 
 class Sizer:
-    """Sizes the drains of one setting to last about `seconds`: the first
-    drains `size` jobs, every next one as many as the last rate drains in
-    `seconds`. A drain shorter than `min_seconds` is kept in the rows with
-    `counted` False (a sizing run) and run again, bigger, unless it already
-    drained `max_n` jobs or the setting has had _MAX_SIZING_RUNS of them."""
+    """Sizes a setting's drains to last about `seconds`, each from the last
+    rate. One shorter than `min_seconds` stays in the rows with `counted`
+    False and runs again bigger, unless it drained `max_n` jobs or the
+    setting had _MAX_SIZING_RUNS of them."""
 
     def __init__(self, size: int, *, seconds: float, min_seconds: float, max_n: int) -> None:
         self.size, self.seconds, self.min_seconds, self.max_n = size, seconds, min_seconds, max_n
@@ -813,7 +752,7 @@ class Sizer:
 
 
 async def course_drains(url: str, *, n: int, repeat: int) -> list[dict[str, Any]]:
-    """The course's design (`course.py`) draining n jobs, `repeat` times."""
+    """The course's design (`course.py`) draining n no-op jobs."""
     from jobqueue.benchmarks import course
 
     rows = []
@@ -848,8 +787,7 @@ async def drain_sizes(url: str, *, sizes: Sequence[int], batch_size: int, repeat
 async def latency_series(url: str, *, rates: Sequence[float], seconds: float, repeat: int,
                          warmup: float = WARMUP_SECONDS
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Open-loop runs at each rate: summaries, and every job's latencies
-    (`warmup` True for the jobs of a run's first `warmup` seconds)."""
+    """Open-loop runs at each rate: summaries, and every job's latencies."""
     summaries, samples = [], []
     with progress(len(rates) * repeat, "latency") as bar:
         for rate in rates:
@@ -881,8 +819,7 @@ def lanes_per_queue(queues: Sequence[str], lanes: int = 1) -> list[str]:
 
 
 def cli_takes(*flags: str) -> bool:
-    """Does `jobqueue worker` accept these arguments? A setup that needs a
-    flag this checkout's CLI does not have yet is left out, not failed."""
+    """Does `jobqueue worker` accept these arguments?"""
     from jobqueue.ops.cli import build_parser
 
     try:
@@ -895,10 +832,8 @@ def cli_takes(*flags: str) -> bool:
 
 async def fill_routed(conn: asyncpg.Connection, n: int, queues: Sequence[str],
                       priorities: Sequence[int]) -> None:
-    """n no-op jobs spread evenly over `queues` × `priorities` and interleaved
-    (job i: queue i mod Q, priority (i div Q) mod P), so that no queue and no
-    priority comes first in the table; one statement, then VACUUM ANALYZE,
-    like `fill`."""
+    """n no-op jobs interleaved over `queues` × `priorities`, so that none
+    comes first in the table."""
     await conn.execute(
         "INSERT INTO jobs (job_type, payload, queue, priority)"
         " SELECT 'noop', '{}', ($2::text[])[1 + g % $3], ($4::integer[])[1 + (g / $3) % $5]"
@@ -938,13 +873,9 @@ async def routing_drain(url: str, *, n: int, queues: Sequence[str],
                         priorities: Sequence[int] = ROUTING_PRIORITIES,
                         flags: Sequence[str] = (), timeout: float = 900.0
                         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One drain as `cli_drain` runs it (one process, the CLI's defaults
-    unless `flags`) of n no-op jobs spread over `queues` × `priorities`
-    (`fill_routed`). Its row, plus how priority held within each queue:
-    `late_jobs`, the jobs completed after a job of lower priority in their
-    queue had been, and `late_by_s`, the most by which one was (0: every
-    queue finished its priorities highest first); and the spans, each queue
-    × priority's first and last completion."""
+    """A `cli_drain` of n no-op jobs over `queues` × `priorities`: its row,
+    with how priority held in each queue (`late_jobs`, `late_by_s`), and
+    each queue × priority's first and last completion."""
     argv = worker_argv("noop", *flags)
     names = list(queues)
     row, _ = await _drain(url, n=n, argv=argv, workers=1, handler="noop", timeout=timeout,
@@ -965,10 +896,8 @@ async def routing_drain(url: str, *, n: int, queues: Sequence[str],
 
 def routing_setups(queues: int, priorities: Sequence[int] = ROUTING_PRIORITIES
                    ) -> list[dict[str, Any]]:
-    """The routing section's setups, in the order they run: the same jobs in
-    one queue at one priority (the baseline), spread over `queues` queues ×
-    `priorities` at the CLI's defaults, and the same with a lane of its own
-    for each queue (`--queues q0=1,…`), if this CLI has `--queues`."""
+    """One queue at one priority (the baseline), then `queues` ×
+    `priorities`, then the same with a lane per queue if the CLI has `--queues`."""
     names = queue_names(queues)
     spread_over = f"{queues} queues × {len(priorities)} priorities"
     setups = [{"setup": "1 queue, 1 priority", "queues": ["default"], "priorities": (0,),
@@ -985,9 +914,8 @@ def routing_setups(queues: int, priorities: Sequence[int] = ROUTING_PRIORITIES
 async def routing_series(url: str, *, n: int, queues: int, repeat: int,
                          priorities: Sequence[int] = ROUTING_PRIORITIES
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """`repeat` rounds of every `routing_setups` setup, each draining n jobs
-    (a round runs every setup once, so a slow spell of the machine hits all
-    of them): the drains' rows, and the spans of each (`routing_drain`)."""
+    """`repeat` rounds of every `routing_setups` setup (a round runs each
+    once, so a slow spell hits all): the rows and the spans."""
     setups = routing_setups(queues, priorities)
     rows, spans = [], []
     with progress(len(setups) * repeat, "queues") as bar:
@@ -1016,12 +944,9 @@ async def sync_series(url: str, *, n: int | dict[str, int], repeat: int, seconds
                       flags: Sequence[str] = (),
                       setups: Sequence[tuple[str, str, str]] = SYNC_SETUPS
                       ) -> list[dict[str, Any]]:
-    """Each of `setups` (`SYNC_SETUPS`) drained by one worker as `cli_drain` runs
-    it (the CLI's defaults unless `flags`), in `repeat` rounds (a round
-    drains every handler once, so a slow spell of the machine hits all of
-    them); each handler's drains sized by a `Sizer` of its own, starting at
-    `n` (or `n[handler]`). The rows, with the handler's kind and work and the
-    worker's `threads` (how many sync handlers it runs at once)."""
+    """Each of `setups` by one `cli_drain` worker, in `repeat` rounds, each
+    handler's drains sized by a `Sizer` of its own; rows carry the worker's
+    `threads`."""
     sizers = {handler: Sizer(n[handler] if isinstance(n, dict) else n, seconds=seconds,
                              min_seconds=min_seconds, max_n=max_n)
               for handler, _, _ in setups}
