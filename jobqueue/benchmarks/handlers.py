@@ -17,16 +17,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from jobqueue import current_job
 from jobqueue.registry import handlers
 
-#: The table `write_row` fills; created by `create_tables`.
+#: The table `write_row` fills (`scenarios.open_bench` creates it).
 BENCH_TABLE = """CREATE TABLE IF NOT EXISTS bench_rows (
     job_id uuid NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())"""
 
 #: What `write_row` does, as a statement.
 INSERT_ROW = "INSERT INTO bench_rows (job_id) VALUES (:id)"
-
-
-async def create_tables(conn: Any) -> None:
-    await conn.execute(text(BENCH_TABLE))
 
 
 @handlers.register("noop")

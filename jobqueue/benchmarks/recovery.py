@@ -31,15 +31,14 @@ from jobqueue.benchmarks.scenarios import progress, worker_options
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
-#: Seconds of the standby's work a trial's timeline shows after its first completion.
+#: Seconds of work a trial's timeline shows after the first completion.
 TIMELINE_AFTER = 0.5
-#: What the workers import: the `recovery_run` handler.
 HANDLER_MODULE = "jobqueue.benchmarks.recovery_runs"
+
 
 @dataclass(frozen=True)
 class Setup:
-    """How the active worker holds its jobs when the signal comes: its extra
-    flags and how long each job runs."""
+    """How the active worker holds its jobs: its extra flags, its jobs' length."""
 
     flags: tuple[str, ...]
     job_seconds: float
@@ -59,8 +58,8 @@ def worker_argv(lease: float, batch_size: int, flags: Sequence[str] = ()) -> lis
 
 
 def path_of(argv: Sequence[str], job_seconds: float) -> str:
-    """The way a worker given `argv` holds jobs of `job_seconds`, read from
-    its own options: "quick batches" or "claimed"."""
+    """"quick batches" or "claimed": how a worker given `argv` holds jobs of
+    `job_seconds`, read from its own options."""
     quick = worker_options(argv).quick_batch
     return "quick batches" if 0 < quick and job_seconds < quick else "claimed"
 
@@ -74,8 +73,7 @@ def shown_flags(argv: Sequence[str]) -> str:
 
 
 def setups_table(names: Sequence[str], lease: float, batch_size: int = 10) -> Any:
-    """What each setup will run, as a DataFrame: the path its workers' own
-    options give, the job length and the command line."""
+    """What each setup will run, as a DataFrame."""
     import pandas as pd
 
     rows = []
@@ -98,12 +96,9 @@ _QUIET = ("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE state = 'acti
 
 async def _freeze(conn: asyncpg.Connection, worker: WorkerProcess, worker_id: int,
                   rescue: bool, attempts: int = 50) -> tuple[list[uuid.UUID], datetime]:
-    """SIGSTOP the worker (on the rescue path, at an instant it holds claimed
-    jobs) and wait until none of its connections is in the middle of a
-    statement: from then on the database holds what it held when it stopped.
-    Returns those jobs and when it was stopped (database clock). On the
-    rescue path a freeze that caught it holding nothing (it completed them
-    in between) is undone with SIGCONT and tried again."""
+    """SIGSTOP the worker (on the rescue path, while it holds claimed jobs:
+    a freeze that caught it holding none is undone and tried again) and wait
+    until none of its statements runs: the jobs it holds, and when."""
     for _ in range(attempts):
         if rescue:
             await wait_for(lambda: conn.fetchval(_HELD + " LIMIT 1", worker_id), timeout=30,
@@ -134,17 +129,13 @@ _RUNS = """
 
 async def run_counts(conn: asyncpg.Connection, held: Sequence[uuid.UUID], standby_id: int
                      ) -> asyncpg.Record:
-    """How the jobs ran, from the rows `recovery_run` wrote: of `held`, how
-    many the standby completed with exactly one run (`held_completed_once`);
-    of every completed job (`completed`), how many did not run exactly once
-    (`completed_not_once`); how many jobs ran more than once (`ran_twice`)."""
+    """How the jobs ran, from the rows `recovery_run` wrote."""
     return await conn.fetchrow(_RUNS, list(held), standby_id)
 
 
 async def _start_pair(url: str, conn: asyncpg.Connection, args: Sequence[str], log_dir: Path
                       ) -> tuple[list[WorkerProcess], WorkerProcess, int, int]:
-    """Two workers started at once (their imports overlap); once one is
-    active and the other stands by: both, the active one, and each one's id."""
+    """Two workers, started at once, once one is active and one stands by."""
     workers = [WorkerProcess(url, log_dir / f"worker-{n}.log", *args) for n in (1, 2)]
 
     async def roles() -> dict[str, tuple[WorkerProcess, int]] | None:
@@ -177,18 +168,10 @@ async def recovery_trial(
     flags: Sequence[str] = (),
     log_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """One crash (or hang) of the active worker under load; seconds to recover
-    (`seconds`: to the standby's first completion; `started_s`: to the start
-    of its first job, the rest being that job's batch).
-
-    `path` ("quick batches" or "claimed") is read from the workers' argv and
-    `job_seconds`; on the claimed path the signal comes while the active
-    worker holds claimed jobs (RuntimeError if it never does), and the row
-    says how many (`held_processing`), how long until the standby had
-    completed the last of them (`held_done_s`), how many of them it completed
-    exactly once (`held_completed_once`), and how many of all completed jobs
-    did not run exactly once (`completed_not_once`). `timeline`: completions
-    around the signal by worker ("first" was active, "second" stood by)."""
+    """One crash (or hang) of the active worker under load: seconds to the
+    standby's first completion (`seconds`) and to the start of its first job
+    (`started_s`); on the claimed path, the jobs it held (`held_processing`),
+    until the last was completed (`held_done_s`), how many ran exactly once."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-recovery-"))
     args = worker_argv(lease, batch_size, flags)
     path = path_of(args, job_seconds)
@@ -246,11 +229,8 @@ async def recovery_trial(
 async def recovery_series(url: str, *, signals: Sequence[str], trials: int, lease: float,
                           jobs: int, setups: Sequence[str] | None = None
                           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Repeated trials (`recovery_trial`) for each setup (`SETUPS`: all of
-    them unless told) and signal: times (a row per trial, labelled with the
-    path and flags its workers ran with), and the timeline of completions
-    around each signal (jobs per 100 ms by each worker, "first" active,
-    "second" standing by, from 1 s before the signal to 1 s after recovery)."""
+    """`trials` of each setup (all unless told) and signal: a row per trial,
+    and the completions around each signal."""
     setups = list(SETUPS) if setups is None else setups
     times, timelines = [], []
     with progress(len(setups) * len(signals) * trials, "recovery") as bar:
@@ -274,10 +254,9 @@ async def reset(conn: asyncpg.Connection) -> None:
 
 async def stream(conn: asyncpg.Connection, jobs: int, job_seconds: float, under_way: int
                  ) -> None:
-    """Queue `jobs` `recovery_run` jobs due one after another, as a stream's
-    are (one statement would give them all the same run_at, and a job put
-    back could then be taken after every other instead of first); return
-    once `under_way` of them are completed."""
+    """Queue `jobs` jobs due one after another, as a stream's are (with one
+    run_at, a job put back could be taken after every other instead of
+    first); return once `under_way` are completed."""
     await conn.execute(
         "INSERT INTO jobs (job_type, payload, run_at) SELECT 'recovery_run',"
         " jsonb_build_object('seconds', $1::float8), clock_timestamp()"

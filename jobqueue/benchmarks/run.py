@@ -1,24 +1,16 @@
 """`make bench`: the benchmark notebooks at full size, the per-job cost
 table, then BENCHMARKS.md and the README's performance summary, as one run
-with one stamp.
+with one stamp (`run_stamp`; `run.json` beside the results).
 
     python -m jobqueue.benchmarks.run                 # what `make bench` runs
     python -m jobqueue.benchmarks.run comparison      # one notebook again: a partial rerun
     python -m jobqueue.benchmarks.run pressure        # what `make bench-pressure` runs
 
-The pressure notebook is not part of the default run: holding vacuum back
-long enough to matter takes most of an hour for four systems, so it is a
-command of its own (`make bench-pressure`), a partial rerun stamped like any
-other; BENCHMARKS.md marks its section as coming from that run.
-
-The notebooks execute in a Jupyter kernel (nbclient) and are saved with their
-outputs in place. Nothing they draw reaches a terminal, so this driver says
-on its own where the run is: the notebook, the section of the cell running,
-the step of a series (`scenarios.progress`), and an estimate of the
-time left from how long each cell took in the last full run (the committed
-notebooks keep their cells' timings) and how long the steps of the last run
-took (`run.json` beside the results). Every results file is stamped with the
-run's start and commit (`run_stamp`), which BENCHMARKS.md shows per section.
+The pressure notebook takes most of an hour, so it is a command of its own.
+Nothing a notebook draws reaches a terminal, so this driver says where the
+run is (notebook, section, the step of a series from `scenarios.progress`)
+and estimates the time left from the committed notebooks' cell timings and
+the last run's steps.
 """
 
 from __future__ import annotations
@@ -56,10 +48,9 @@ FULL_RUN = ("throughput", "latency", "recovery", "comparison")
 AFTER = {"ceiling": [sys.executable, "-m", "jobqueue.benchmarks.ceiling", "--save"],
          "report": [sys.executable, "-m", "jobqueue.benchmarks.report"],
          "readme": [sys.executable, "-m", "jobqueue.benchmarks.readme"]}
-#: How often the terminal hears from a run when nothing changed (seconds);
-#: a terminal gets one line rewritten in place every `TTY_TICK` instead.
+#: Seconds between lines when stdout is not a terminal and nothing changed;
+#: a terminal gets its one line rewritten every second.
 QUIET_TICK = 30.0
-TTY_TICK = 1.0
 
 
 def _clock(seconds: float) -> str:
@@ -68,7 +59,7 @@ def _clock(seconds: float) -> str:
 
 
 def cell_seconds(cell: dict[str, Any]) -> float | None:
-    """How long a code cell took when the notebook last ran (nbclient records it)."""
+    """How long a code cell took when the notebook last ran."""
     timing = cell.get("metadata", {}).get("execution", {})
     start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
     if not (start and end):
@@ -79,7 +70,7 @@ def cell_seconds(cell: dict[str, Any]) -> float | None:
 
 
 def headings(cells: Sequence[dict[str, Any]]) -> list[str]:
-    """For each cell, the last Markdown heading at or before it (what a cell is part of)."""
+    """For each cell, the last Markdown heading at or before it."""
     current, out = "", []
     for cell in cells:
         if cell["cell_type"] == "markdown":
@@ -91,7 +82,7 @@ def headings(cells: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def last_step(path: Path) -> dict[str, Any] | None:
-    """The latest step a series wrote to `path` (`scenarios.progress`), None before the first."""
+    """The latest step a series wrote to `path`, None before the first."""
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
@@ -159,7 +150,7 @@ class Ticker:
         self._printed, self._printed_at = text, now
 
     def _loop(self) -> None:
-        while not self._stop.wait(TTY_TICK if self.tty else 1.0):
+        while not self._stop.wait(1.0):
             self.show()
 
     def start(self) -> None:
@@ -176,7 +167,7 @@ class Ticker:
 
 def execute(name: str, ticker: Ticker, after: float, folder: Path = NOTEBOOKS) -> None:
     """Run one notebook in place, telling `ticker` which cell runs; the
-    kernel's own stderr goes to a log shown only if a cell fails."""
+    kernel's stderr is shown only if a cell fails."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -218,9 +209,8 @@ def notebook_estimate(name: str) -> float:
 def _record(previous: dict[str, Any], started: str, commit: str, full: bool,
             names: Sequence[str], took: dict[str, float],
             given: dict[str, str] | None = None) -> dict[str, Any]:
-    """`run.json`: the last full run (its start, commit, how long each step
-    took, and the parameters it took from the environment) and the partial
-    reruns since, which the report marks as such."""
+    """`run.json`: the last full run (start, commit, each step's time, the
+    parameters set from the environment) and the partial reruns since."""
     extra = {"overrides": dict(given)} if given else {}
     if full:
         return {"started": started, "commit": commit, "steps": dict(took), "reruns": [],
@@ -230,9 +220,8 @@ def _record(previous: dict[str, Any], started: str, commit: str, full: bool,
 
 
 def overrides(environ: dict[str, str]) -> dict[str, str]:
-    """The notebook parameters set from the environment (`lab.param`'s
-    `JOBQUEUE_BENCH_<NAME>`): the run's record keeps them, so a document
-    rendered from it says where the run was not the notebooks' full size."""
+    """The notebook parameters set from the environment (`param`), which the
+    document must name: there the run was not the notebooks' full size."""
     own = {RUN_ENV, COMMIT_ENV, PROGRESS_ENV}  # the driver's, not parameters
     return {key: value for key, value in environ.items()
             if key.startswith(PARAM_PREFIX) and key not in own}

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import io
 import json
 import logging
 import os
@@ -259,7 +258,7 @@ def worker_options(argv: Sequence[str]) -> argparse.Namespace:
 def lanes(opts: argparse.Namespace) -> int:
     """The lanes a worker given these options runs."""
     config = WorkerConfig(concurrency=opts.concurrency or DEFAULT_CONCURRENCY,
-                          queues=getattr(opts, "queues", None) or ())
+                          queues=opts.queues or ())
     return len(config.lane_queues)
 
 
@@ -477,7 +476,7 @@ async def open_loop(url: str, *, rate: float, seconds: float,
     async with _one_worker_and_producers(url, log_dir / "worker.log", connections,
                                          *argv) as (conn, pool, _):
         total = max(1, round(rate * seconds))
-        lateness = await _arrivals(pool, rate, total)
+        lateness = await arrivals(_insert_noop(pool), rate, total)
         await wait_for(lambda: conn.fetchval(
             "SELECT count(*) = $1 FROM jobs WHERE status = 'completed'", total),
             timeout=seconds + 120, interval=0.05, message="every job completed")
@@ -513,7 +512,7 @@ async def soak(url: str, *, rate: float, seconds: float, keep_seconds: float,
         vacuums_before = await conn.fetchval(_AUTOVACUUMS)
         sampler = asyncio.create_task(_sample_table(conn, worker.pid, interval, timeline))
         try:
-            lateness = await _arrivals(pool, rate, max(1, round(rate * seconds)))
+            lateness = await arrivals(_insert_noop(pool), rate, max(1, round(rate * seconds)))
         finally:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -595,13 +594,11 @@ def latency_result(rate: float, seconds: float, span: float, lateness: Sequence[
             "warmup": [not keep for keep in counted]}
 
 
-async def _arrivals(pool: asyncpg.Pool, rate: float, total: int) -> list[float]:
-    """`arrivals` of plain INSERTs."""
+def _insert_noop(pool: asyncpg.Pool) -> Callable[[], Awaitable[None]]:
     async def one() -> None:
         async with pool.acquire() as c:
             await c.execute("INSERT INTO jobs (job_type) VALUES ('noop')")
-
-    return await arrivals(one, rate, total)
+    return one
 
 
 async def arrivals(enqueue_one: Callable[[], Awaitable[Any]], rate: float, total: int
@@ -818,18 +815,6 @@ def lanes_per_queue(queues: Sequence[str], lanes: int = 1) -> list[str]:
     return ["--queues", ",".join(f"{q}={lanes}" for q in queues)]
 
 
-def cli_takes(*flags: str) -> bool:
-    """Does `jobqueue worker` accept these arguments?"""
-    from jobqueue.ops.cli import build_parser
-
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text
-            _, unknown = build_parser().parse_known_args(["worker", *flags])
-    except SystemExit:  # a known flag given a value it refuses
-        return False
-    return not unknown
-
-
 async def fill_routed(conn: asyncpg.Connection, n: int, queues: Sequence[str],
                       priorities: Sequence[int]) -> None:
     """n no-op jobs interleaved over `queues` × `priorities`, so that none
@@ -897,18 +882,15 @@ async def routing_drain(url: str, *, n: int, queues: Sequence[str],
 def routing_setups(queues: int, priorities: Sequence[int] = ROUTING_PRIORITIES
                    ) -> list[dict[str, Any]]:
     """One queue at one priority (the baseline), then `queues` ×
-    `priorities`, then the same with a lane per queue if the CLI has `--queues`."""
+    `priorities`, then the same with a lane per queue."""
     names = queue_names(queues)
     spread_over = f"{queues} queues × {len(priorities)} priorities"
     setups = [{"setup": "1 queue, 1 priority", "queues": ["default"], "priorities": (0,),
                "flags": []},
               {"setup": spread_over, "queues": names, "priorities": tuple(priorities),
                "flags": []}]
-    own_lanes = lanes_per_queue(names)
-    if cli_takes(*own_lanes):
-        setups.append({"setup": f"{spread_over}, a lane per queue", "queues": names,
-                       "priorities": tuple(priorities), "flags": own_lanes})
-    return setups
+    return [*setups, {"setup": f"{spread_over}, a lane per queue", "queues": names,
+                      "priorities": tuple(priorities), "flags": lanes_per_queue(names)}]
 
 
 async def routing_series(url: str, *, n: int, queues: int, repeat: int,
