@@ -486,14 +486,22 @@ async def open_loop(url: str, *, rate: float, seconds: float,
             " extract(epoch FROM created_at) AS created,"
             " extract(epoch FROM completed_at) AS completed FROM jobs ORDER BY created_at")
     created = [float(r["created"]) for r in rows]
-    span = created[-1] - created[0] if len(created) > 1 else 0.0
-    to_start = [float(r["to_start"]) for r in rows]
-    to_complete = [float(r["to_complete"]) for r in rows]
-    result = latency_result(rate, seconds, span, lateness, to_start, to_complete,
-                            arrived=[c - created[0] for c in created], warmup=warmup,
-                            completed=[float(r["completed"]) for r in rows])
-    result["summary"]["argv"] = shlex.join(argv)
-    return result
+    span = created[-1] - created[0]
+    counted = [c - created[0] >= warmup for c in created]
+    commits = [float(r["completed"]) for r, keep in zip(rows, counted, strict=True) if keep]
+    summary: dict[str, Any] = {
+        "rate": rate, "jobs": total, "seconds": seconds,
+        "achieved_rate": (total - 1) / span if span > 0 else float(total),
+        "producer_late_p99_ms": quantile(lateness, 0.99) * 1000, "warmup_s": warmup,
+        "samples": sum(counted), "jobs_per_commit": len(commits) / max(1, len(set(commits)))}
+    latencies = {to: [float(r[f"to_{to}"]) for r in rows] for to in ("start", "complete")}
+    for to, values in latencies.items():
+        kept = [v for v, keep in zip(values, counted, strict=True) if keep] or values
+        for q in QUANTILES:
+            summary[f"{to}_p{f'{q * 100:g}'.replace('.', '_')}_ms"] = quantile(kept, q) * 1000
+    summary["argv"] = shlex.join(argv)
+    return {"summary": summary, "to_start": latencies["start"],
+            "to_complete": latencies["complete"], "warmup": [not keep for keep in counted]}
 
 
 async def soak(url: str, *, rate: float, seconds: float, keep_seconds: float,
@@ -568,32 +576,6 @@ def _soak_summary(rate: float, seconds: float, keep_seconds: float, lateness: Se
             "rss_mib_end": rss_values[-1] if rss_values else None}
 
 
-def latency_result(rate: float, seconds: float, span: float, lateness: Sequence[float],
-                   to_start: list[float], to_complete: list[float], *,
-                   arrived: Sequence[float] | None = None, warmup: float = 0.0,
-                   completed: Sequence[float] | None = None) -> dict[str, Any]:
-    """An open-loop run's summary (quantiles in ms, leaving out the jobs that
-    `arrived` in the first `warmup` s; the rate achieved over `span`; with
-    `completed`, `jobs_per_commit`: the batches that formed) and its
-    per-job latencies (s)."""
-    total = len(to_complete)
-    counted = [arrived is None or a >= warmup for a in (arrived or to_complete)]
-    summary: dict[str, Any] = {
-        "rate": rate, "jobs": total, "seconds": seconds,
-        "achieved_rate": (total - 1) / span if span > 0 else float(total),
-        "producer_late_p99_ms": quantile(lateness, 0.99) * 1000,
-        "warmup_s": warmup if arrived is not None else 0.0, "samples": sum(counted)}
-    if completed is not None:
-        kept = [c for c, keep in zip(completed, counted, strict=True) if keep]
-        summary["jobs_per_commit"] = len(kept) / max(1, len(set(kept)))
-    for label, values in (("start", to_start), ("complete", to_complete)):
-        kept = [v for v, keep in zip(values, counted, strict=True) if keep] or values
-        for q in QUANTILES:
-            summary[f"{label}_p{_qname(q)}_ms"] = quantile(kept, q) * 1000
-    return {"summary": summary, "to_start": to_start, "to_complete": to_complete,
-            "warmup": [not keep for keep in counted]}
-
-
 def _insert_noop(pool: asyncpg.Pool) -> Callable[[], Awaitable[None]]:
     async def one() -> None:
         async with pool.acquire() as c:
@@ -632,10 +614,6 @@ async def arrivals_at(enqueue_one: Callable[[], Awaitable[Any]], offsets: Iterab
     if tasks:
         await asyncio.gather(*tasks)
     return lateness
-
-
-def _qname(q: float) -> str:
-    return f"{q * 100:g}".replace(".", "_")
 
 
 # -- series of runs, with progress bars ------------------------------------------
