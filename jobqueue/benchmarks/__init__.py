@@ -1,20 +1,11 @@
 """The benchmark lab's machinery: scenarios, parameters, results files.
 
-The notebooks in `notebooks/benchmarks/` call these functions; so can anyone
-without Jupyter (and the tests do, at toy size). Every scenario runs real
-`jobqueue worker` processes against a database of its own, reads its figures
-from PostgreSQL's clock, and returns plain rows that `save()` writes to CSV
-with the machine's description. `jobqueue.benchmarks.report` renders
-BENCHMARKS.md and its plots from those files, so nothing in it is typed by hand.
-
-Every results file also says which run wrote it: `make bench` (the driver,
-`jobqueue.benchmarks.run`) stamps its start time and git commit into
-`JOBQUEUE_BENCH_RUN` and `JOBQUEUE_BENCH_COMMIT`, so BENCHMARKS.md can tell a
-section from another run (a partial rerun) from the rest.
-
-Sizes come from one place: `param(name, smoke=…, full=…)`. `JOBQUEUE_LAB_SIZE`
-picks the column (`smoke` unless it says `full`; `make bench` says `full`),
-and `JOBQUEUE_BENCH_<NAME>` overrides any single parameter.
+The notebooks in `notebooks/benchmarks/` call it (so can anyone without
+Jupyter, and the tests do at toy size); `save()` writes each measurement's
+rows to CSV with the machine's description and the run that wrote them
+(`make bench` stamps its start and commit: `run_stamp`), so BENCHMARKS.md,
+rendered from those files by `report`, can tell a section from another run.
+Sizes come from one place, `param`.
 """
 
 from __future__ import annotations

@@ -94,7 +94,6 @@ Rows = list[tuple[str, str, Step]]
 
 
 def timed(pid: int, body: Callable[[int], Awaitable[None]]) -> Step:
-    """`body(n)` measured as a whole."""
     async def step(n: int) -> Meter:
         with Meter(pid) as meter:
             await body(n)
@@ -164,9 +163,7 @@ def raw_steps(conn: asyncpg.Connection) -> Rows:
 
 async def sqlalchemy_steps(conn: AsyncConnection) -> Rows:
     """SQLAlchemy's own per-job savepoints, which jobqueue's lane session
-    replaced: sessions joining a driver transaction of WRITE_BATCH jobs, as
-    the old lane's did (a `conn.begin()` that sends no SQL on an autocommit
-    connection)."""
+    replaced, in driver transactions of WRITE_BATCH jobs as the old lane's."""
     raw = await _driver(conn)
 
     async def batches(n: int, job: Callable[[], Awaitable[None]]) -> None:
@@ -206,11 +203,9 @@ async def sqlalchemy_steps(conn: AsyncConnection) -> Rows:
 
 
 def lane_steps(url: str) -> Rows:
-    """The handler's session as a worker gives it (`JobRunner`, public): a
-    burst worker with one lane drains n jobs whose handler times its own
-    INSERT, so the row is the handler path alone, not the claims around it.
-    `savepoints="always"` isolates every job (its first statement opens
-    SAVEPOINT jobqueue_job); `"auto"` runs a type that never failed plain."""
+    """The handler's session as a worker gives it, through public names: a
+    burst `JobRunner` with one lane drains n jobs whose handler times its
+    own INSERT, so the row is the handler path alone, not the claims."""
 
     def drain(savepoints: str) -> Step:
         async def step(n: int) -> Meter:
@@ -278,7 +273,7 @@ def batch_steps(conn: asyncpg.Connection, batch: int) -> Rows:
 
 
 def filler(conn: asyncpg.Connection, job_type: str) -> Callable[[int], Awaitable[None]]:
-    """Fills the jobs table with n jobs of `job_type` before each timed run."""
+    """n jobs of `job_type`, before each timed run."""
     async def fill(n: int) -> None:
         await conn.execute("TRUNCATE jobs, jobqueue_workers")
         await conn.execute("INSERT INTO jobs (job_type) SELECT $1 FROM generate_series(1, $2)",
@@ -319,7 +314,6 @@ async def run(n: int = 2000, repeat: int = 5, batch: int = 1000, noop_jobs: int 
         await scenarios.close_bench(name)
     return rows
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    """The rows as a plain-text table."""
     lines = [f"{'':42} {'wall µs':>9} {'client CPU':>11} {'server CPU':>11} {'jobs/s':>9}"]
     for r in rows:
         server = "" if r["server_cpu_us"] is None else f"{r['server_cpu_us']:.1f}"
