@@ -84,10 +84,7 @@ def headings(cells: Sequence[dict[str, Any]]) -> list[str]:
 def last_step(path: Path) -> dict[str, Any] | None:
     """The latest step a series wrote to `path`, None before the first."""
     try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
+        lines = path.read_text(errors="replace").splitlines()[-2:]  # the last may be half-written
     except FileNotFoundError:
         return None
     for line in reversed(lines):
@@ -198,14 +195,6 @@ def execute(name: str, ticker: Ticker, after: float, folder: Path = NOTEBOOKS) -
     nbformat.write(nb, path)
 
 
-def notebook_estimate(name: str) -> float:
-    """The seconds a notebook's cells took in its last full run (0 if unknown)."""
-    import nbformat
-
-    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-    return sum(cell_seconds(c) or 0.0 for c in nb.cells if c["cell_type"] == "code")
-
-
 def _record(previous: dict[str, Any], started: str, commit: str, full: bool,
             names: Sequence[str], took: dict[str, float],
             given: dict[str, str] | None = None) -> dict[str, Any]:
@@ -228,6 +217,8 @@ def overrides(environ: dict[str, str]) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import nbformat
+
     parser = argparse.ArgumentParser(prog="python -m jobqueue.benchmarks.run",
                                      description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
@@ -246,7 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commit = checkout_commit()
     previous = run_record(RESULTS)
     given = overrides(dict(os.environ))
-    estimates = {n: notebook_estimate(n) for n in names}
+    estimates = {n: sum(cell_seconds(c) or 0.0 for c in nbformat.read(
+        NOTEBOOKS / f"{n}.ipynb", as_version=4).cells) for n in names}
     estimates.update({s: float(previous.get("steps", {}).get(s, 0.0))
                       for s in order if s in AFTER})
     print(f"make bench: {', '.join(order)}; run {started} at commit {commit}; "
@@ -264,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             after = sum(estimates[s] for s in order[i + 1:])
             begun = time.monotonic()
             if step == "report":   # it shows the run's steps: record them first
-                _write_record(_record(previous, started, commit, full, names, took, given))
+                (RESULTS / "run.json").write_text(json.dumps(_record(
+                    previous, started, commit, full, names, took, given), indent=2) + "\n")
             if step in AFTER:
                 ticker.cell(step, estimates[step] or None, after)
                 done = subprocess.run(AFTER[step], cwd=CHECKOUT, capture_output=True, text=True)
@@ -283,10 +276,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("make bench: done in " + _clock(sum(took.values())) + " ("
           + ", ".join(f"{s} {_clock(t)}" for s, t in took.items()) + ")", flush=True)
     return 0
-
-
-def _write_record(record: dict[str, Any]) -> None:
-    (RESULTS / "run.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -41,17 +41,13 @@ logger = logging.getLogger(__name__)
 #: TRUNCATE `jobs` and drop their database, so they refuse any other name.
 LAB_DATABASE_PREFIX = "jobqueue_bench_"
 
-#: Each benchmark handler's payload (`process_payment`'s differs per job: `payments`).
-HANDLERS: dict[str, dict[str, Any]] = {"noop": {}, "write_row": {},
-                                       "sleep_10ms": {"seconds": 0.01}, "process_payment": {},
-                                       "noop_sync": {}, "write_row_sync": {}}
-#: The module that registers each handler, for the worker's `--import`.
-HANDLER_MODULES = {"noop": "jobqueue.benchmarks.handlers",
-                   "write_row": "jobqueue.benchmarks.handlers",
-                   "sleep_10ms": "jobqueue.benchmarks.handlers",
-                   "process_payment": "jobqueue.lab.examples",
-                   "noop_sync": "jobqueue.benchmarks.sync_handlers",
-                   "write_row_sync": "jobqueue.benchmarks.sync_handlers"}
+_ASYNC, _SYNC = "jobqueue.benchmarks.handlers", "jobqueue.benchmarks.sync_handlers"
+#: Each benchmark handler: the module that registers it (the worker's
+#: `--import`) and its payload (`process_payment`'s differs per job: `payments`).
+HANDLERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "noop": (_ASYNC, {}), "write_row": (_ASYNC, {}), "sleep_10ms": (_ASYNC, {"seconds": 0.01}),
+    "process_payment": ("jobqueue.lab.examples", {}), "noop_sync": (_SYNC, {}),
+    "write_row_sync": (_SYNC, {})}
 #: The handlers that write one row each (`bench_rows`).
 ROW_WRITERS = ("write_row", "write_row_sync")
 QUANTILES = (0.5, 0.95, 0.99, 0.999)
@@ -228,7 +224,7 @@ def _job(handler: str) -> tuple[str, str]:
     if handler not in HANDLERS:
         raise ValueError(f"unknown benchmark handler {handler!r}; one of {sorted(HANDLERS)}")
     job_type = "sleep" if handler.startswith("sleep") else handler
-    return job_type, json.dumps(HANDLERS[handler])
+    return job_type, json.dumps(HANDLERS[handler][1])
 
 
 # -- the worker's command line, and labels built from it ---------------------------
@@ -238,7 +234,7 @@ def worker_argv(handler: str = "noop", *flags: str) -> list[str]:
     """`jobqueue worker`'s arguments: `--import` of `handler`'s module, then
     `flags` (none: the CLI's defaults, as the README starts it)."""
     _job(handler)
-    return ["--import", HANDLER_MODULES[handler], *flags]
+    return ["--import", HANDLERS[handler][0], *flags]
 
 
 def _worker_args(batch_size: int, shared: bool, concurrency: int, *extra: str,
@@ -326,16 +322,11 @@ async def until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
     (`registered`), every worker has registered (so it handles signals: a
     small drain can end before a second process is up); then SIGTERM each,
     which must exit 0. A worker exiting before that is an error."""
-    def exited() -> str | None:
+    async def done() -> bool:
         for p in procs:
             if p.proc.poll() is not None:
-                return f"worker exited with {p.proc.returncode} before the drain ended: " \
-                    f"{p.log()[-2000:]}"
-        return None
-
-    async def done() -> bool:
-        if (problem := exited()) is not None:
-            raise RuntimeError(problem)
+                raise RuntimeError(f"worker exited with {p.proc.returncode} before the drain "
+                                   f"ended: {p.log()[-2000:]}")
         if not await conn.fetchval(done_sql):
             return False
         return not registered or all([await worker_state(conn, p) is not None for p in procs])
