@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -101,6 +102,23 @@ def timed(pid: int, body: Callable[[int], Awaitable[None]]) -> Step:
     return step
 
 
+def per_job(pid: int, job: Callable[[], Awaitable[None]],
+            begin: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
+            batch: int = 0) -> Step:
+    """`job()` n times, in transactions of `batch` jobs (0: all n) opened by
+    `begin()`, or in none."""
+    async def body(n: int) -> None:
+        if begin is None:
+            for _ in range(n):
+                await job()
+            return
+        for start in range(0, n, batch or n):
+            async with begin():
+                for _ in range(min(batch or n, n - start)):
+                    await job()
+    return timed(pid, body)
+
+
 async def measure(name: str, what: str, step: Step, n: int, repeat: int,
                   prepare: Callable[[int], Awaitable[None]] | None = None) -> dict[str, Any]:
     """`step(n)` `repeat` times (after `prepare(n)`, not timed); medians per
@@ -121,84 +139,60 @@ async def measure(name: str, what: str, step: Step, n: int, repeat: int,
 
 
 def raw_steps(conn: asyncpg.Connection) -> Rows:
-    async def round_trip(n: int) -> None:
-        async with conn.transaction():
-            for _ in range(n):
-                await conn.fetchval("SELECT 1")
+    async def select() -> None:
+        await conn.fetchval("SELECT 1")
 
-    async def insert(n: int) -> None:
-        async with conn.transaction():
-            for _ in range(n):
-                await conn.execute(INSERT, uuid.uuid4())
+    async def insert() -> None:
+        await conn.execute(INSERT, uuid.uuid4())
 
-    async def savepoint_released(n: int) -> None:
-        async with conn.transaction():
-            for _ in range(n):
-                async with conn.transaction():  # SAVEPOINT … RELEASE SAVEPOINT
-                    await conn.execute(INSERT, uuid.uuid4())
+    async def released() -> None:
+        async with conn.transaction():  # SAVEPOINT … RELEASE SAVEPOINT
+            await insert()
 
-    async def savepoint_kept(n: int) -> None:
-        for start in range(0, n, WRITE_BATCH):
-            async with conn.transaction():
-                for _ in range(min(WRITE_BATCH, n - start)):
-                    await conn.execute(queries["job_savepoint"].sql)
-                    await conn.execute(INSERT, uuid.uuid4())
-
-    async def commit_each(n: int) -> None:
-        for _ in range(n):
-            await conn.execute(INSERT, uuid.uuid4())
+    async def kept() -> None:
+        await conn.execute(queries["job_savepoint"].sql)
+        await insert()
 
     pid = conn.get_server_pid()
     return [
-        ("round trip", "SELECT 1 in an open transaction", timed(pid, round_trip)),
-        ("INSERT", "one-row INSERT in an open transaction", timed(pid, insert)),
+        ("round trip", "SELECT 1 in an open transaction", per_job(pid, select, conn.transaction)),
+        ("INSERT", "one-row INSERT in an open transaction",
+         per_job(pid, insert, conn.transaction)),
         ("SAVEPOINT + INSERT + RELEASE", "asyncpg's nested transaction around it",
-         timed(pid, savepoint_released)),
+         per_job(pid, released, conn.transaction)),
         ("SAVEPOINT + INSERT", "jobqueue's savepoint (simple query, never released), "
-         f"{WRITE_BATCH} a transaction", timed(pid, savepoint_kept)),
-        ("INSERT + COMMIT", "a transaction per INSERT (durable commit)",
-         timed(pid, commit_each)),
+         f"{WRITE_BATCH} a transaction", per_job(pid, kept, conn.transaction, WRITE_BATCH)),
+        ("INSERT + COMMIT", "a transaction per INSERT (durable commit)", per_job(pid, insert)),
     ]
 
 
 async def sqlalchemy_steps(conn: AsyncConnection) -> Rows:
     """SQLAlchemy's own per-job savepoints, which jobqueue's lane session
-    replaced, in driver transactions of WRITE_BATCH jobs as the old lane's."""
+    replaced, in driver transactions of WRITE_BATCH jobs as the old lane's
+    (joined by a `conn.begin()` that sends no SQL on an autocommit connection)."""
     raw = await _driver(conn)
+    reused = AsyncSession(bind=conn, join_transaction_mode="create_savepoint")
 
-    async def batches(n: int, job: Callable[[], Awaitable[None]]) -> None:
-        for start in range(0, n, WRITE_BATCH):
-            tx = raw.transaction()
-            await tx.start()
-            async with conn.begin():
-                for _ in range(min(WRITE_BATCH, n - start)):
-                    await job()
-            await tx.commit()
+    @contextlib.asynccontextmanager
+    async def begin() -> AsyncIterator[None]:
+        async with raw.transaction(), conn.begin():
+            yield
 
-    async def session_per_job(n: int) -> None:
-        async def job() -> None:
-            async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as s:
-                await s.execute(INSERT_SA, {"id": uuid.uuid4()})
-                await s.commit()  # RELEASE SAVEPOINT
+    async def session_per_job() -> None:
+        async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as s:
+            await s.execute(INSERT_SA, {"id": uuid.uuid4()})
+            await s.commit()  # RELEASE SAVEPOINT
 
-        await batches(n, job)
-
-    async def session_reused(n: int) -> None:
-        session = AsyncSession(bind=conn, join_transaction_mode="create_savepoint")
-
-        async def job() -> None:
-            await session.execute(INSERT_SA, {"id": uuid.uuid4()})
-            await session.commit()
-
-        await batches(n, job)
-        await session.close()
+    async def session_reused() -> None:
+        await reused.execute(INSERT_SA, {"id": uuid.uuid4()})
+        await reused.commit()
 
     pid = raw.get_server_pid()
     return [
         ("session per job (create_savepoint)", "SQLAlchemy's own savepoints: prepared, "
-         "a fresh name each, released", timed(pid, session_per_job)),
+         "a fresh name each, released", per_job(pid, session_per_job, begin, WRITE_BATCH)),
         ("one session, create_savepoint", "the same session reused across jobs",
-         timed(pid, session_reused)),
+         per_job(pid, session_reused, begin, WRITE_BATCH)),
     ]
 
 
