@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db, embedded
-from jobqueue.benchmarks import PROGRESS_ENV, rss
+from jobqueue.benchmarks import PROGRESS_ENV, course, rss
 from jobqueue.benchmarks.handlers import BENCH_TABLE
 from jobqueue.lab import examples
 from jobqueue.schema import migrations
@@ -719,8 +719,6 @@ class Sizer:
 
 async def course_drains(url: str, *, n: int, repeat: int) -> list[dict[str, Any]]:
     """The course's design (`course.py`) draining n no-op jobs."""
-    from jobqueue.benchmarks import course
-
     rows = []
     conn = await db.connect(url, application_name="jobqueue bench")
     try:
