@@ -91,13 +91,6 @@ def drain_table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def lone_rows(lone: dict[str, Any]) -> list[dict[str, Any]]:
-    """The lone-job latency as CSV rows: to start and to completion."""
-    return [{"kind": f"lone_{to}", "n": lone["samples"], "run": 1, "concurrency": 1,
-             **{f"p{q}_ms": lone[f"{to}_p{q}_ms"] for q in (50, 95, 99)}}
-            for to in ("start", "complete")]
-
-
 def write_csv(path: Path, context: dict[str, str], runs: Sequence[dict[str, Any]],
               lone: dict[str, Any]) -> None:
     """Every run; machine and settings first as `# key: value` lines."""
@@ -106,7 +99,10 @@ def write_csv(path: Path, context: dict[str, str], runs: Sequence[dict[str, Any]
         f.writelines(f"# {key}: {value}\n" for key, value in context.items())
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows([{"kind": "drain", **run} for run in runs] + lone_rows(lone))
+        writer.writerows({"kind": "drain", **run} for run in runs)
+        writer.writerows({"kind": f"lone_{to}", "n": lone["samples"], "run": 1, "concurrency": 1,
+                          **{f"p{q}_ms": lone[f"{to}_p{q}_ms"] for q in (50, 95, 99)}}
+                         for to in ("start", "complete"))
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import logging
 import os
 import shlex
 import signal
@@ -34,8 +33,6 @@ from jobqueue.lab import examples
 from jobqueue.schema import migrations
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 from jobqueue.worker import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, WorkerConfig
-
-logger = logging.getLogger(__name__)
 
 #: Every benchmark database is `jobqueue_bench_<name>`: the benchmarks
 #: TRUNCATE `jobs` and drop their database, so they refuse any other name.
@@ -114,18 +111,14 @@ async def bench_database(name: str) -> AsyncIterator[str]:
 async def environment(url: str) -> dict[str, str]:
     """The machine, and the server settings that move the numbers most, for
     every results file."""
-    info = {"cpu": "unknown", "cores": str(os.cpu_count() or "?"), "ram": "unknown"}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                info["ram"] = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-                break
+        cpu = next((line.split(":", 1)[1].strip() for line in
+                    Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "unknown")
     except OSError:
-        logger.info("no /proc: machine details unknown")
+        cpu = "unknown"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3
+    info = {"cpu": cpu, "cores": str(os.cpu_count() or "?"), "ram": f"{ram:.1f} GiB"}
     conn = await db.connect(url, application_name="jobqueue bench")
     try:
         row = await conn.fetchrow(
