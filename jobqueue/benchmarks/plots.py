@@ -68,11 +68,9 @@ def counted(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def drain_summary(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Per setting: `spread` of jobs/s over the counted drains, their length
-    and size, the workers that took jobs, and the flags: `short` (a drain
-    under MIN_DRAIN_SECONDS), `partial` (a run in which fewer workers took
-    jobs than the mode puts to work, all in shared mode and one in exclusive,
-    or the last joined after LATE_SHARE of the drain)."""
+    """Per setting, over the counted drains: `spread` of jobs/s and the flags
+    `short` (a drain under MIN_DRAIN_SECONDS) and `partial` (fewer workers took
+    jobs than the mode puts to work, or the last joined late)."""
     df = counted(df)
     df = df.assign(expected=df["workers"].where(df["mode"] == "shared", 1),
                    skew=df["start_skew_s"] if "start_skew_s" in df else 0.0)
@@ -171,8 +169,7 @@ def throughput_plot(df: pd.DataFrame) -> plt.Figure:
 
 
 def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per table size: jobs/s, the drain's length, and what it left and cost
-    the server (medians over the runs)."""
+    """Per table size: jobs/s, and what the drain left and cost the server."""
     s = drain_summary(df, ["n"])
     medians = counted(df).groupby("n").median(numeric_only=True).reset_index(drop=True)
     cols = _drain_columns(s, ("jobs per drain", "workers used", "last joined (s)"))
@@ -204,8 +201,7 @@ def _climbing(later: float, earlier: float) -> bool:
 
 
 def soak_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The long run in one row: peaks in its second and last thirds, and
-    flags for what would make a queue unhealthy over weeks."""
+    """The long run in one row, flagged where it would not stay healthy for weeks."""
     cols = {"rate": "jobs/s", "seconds": "seconds", "keep_seconds": "kept (s)",
             "dead_peak_middle": "dead rows, peak (2nd third)",
             "dead_peak_last": "dead rows, peak (last third)",
@@ -256,8 +252,7 @@ def work_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _summary(df: pd.DataFrame, by: list[str], **first: str) -> pd.DataFrame:
-    """`drain_summary` of setups in the order they ran, with columns of the
-    setup (the first value of each) beside it."""
+    """`drain_summary` with columns describing each setup beside it."""
     g = counted(df).groupby(by, sort=True)
     extra = pd.DataFrame({k: g[c].first() for k, c in first.items()}).reset_index()
     return drain_summary(df, by).merge(extra, on=by)
@@ -271,8 +266,7 @@ def sync_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def sync_table(df: pd.DataFrame) -> pd.DataFrame:
-    """A row per handler: its work, async or sync, jobs/s, the drains, and
-    what a job costs (µs: one second over the median rate)."""
+    """A row per handler, with what a job costs (µs: one second over the median)."""
     s = sync_summary(df)
     head = pd.DataFrame({"work": s["work"], "handler": s["kind"] + " (`" + s["handler"] + "`)"})
     cols = _drain_columns(s, ("workers used", "last joined (s)"))
@@ -287,9 +281,8 @@ _ROUTING = ["setup_order", "setup"]
 
 
 def routing_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per routing setup, in the order it ran: `drain_summary`'s figures and
-    how priority held within the queues (`late_*`: the jobs completed after a
-    job of lower priority in their queue)."""
+    """Per routing setup: `drain_summary` and how priority held (`late_*`: the
+    jobs completed after a job of lower priority in their queue)."""
     s = _summary(df, _ROUTING, queues="queues", priorities="priorities",
                  priority_range="priority_range", settings="settings", argv="argv")
     g = counted(df).groupby(_ROUTING, sort=True)
@@ -299,9 +292,7 @@ def routing_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def routing_table(df: pd.DataFrame) -> pd.DataFrame:
-    """A row per routing setup: its jobs/s against the first setup's (one
-    queue at one priority), the drains, and the jobs that completed after a
-    lower priority of their own queue."""
+    """A row per routing setup, its jobs/s also against the first's (one queue)."""
     s = routing_summary(df)
     head = pd.DataFrame({"setup": s["setup"], "priorities": s["priority_range"],
                          "worker": s["settings"].map(short_settings)})
@@ -369,9 +360,8 @@ def _steady(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 def latency_stats(df: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """Per arrival rate: the rate achieved (median over runs), whether it was
-    met (MET_SHARE), and each quantile over the pooled samples of every run
-    after the warm-up; NaN where they are too few for it (`min_samples`)."""
+    """Per arrival rate: the rate achieved and whether it was met, and each
+    quantile of the runs' samples pooled, NaN where too few carry it."""
     steady = _steady(samples)
     g = df.groupby("rate")
     out = pd.DataFrame({"achieved": g["achieved_rate"].median(), "runs": g.size(),
@@ -508,9 +498,7 @@ def _ints(values: pd.Series) -> str:
 
 
 def recovery_table(df: pd.DataFrame) -> pd.DataFrame:
-    """A row per setup and signal: recovery times against the lease, what the
-    dead worker held at the signal and left `processing` when the standby
-    completed its first job, and whether each held job completed once."""
+    """A row per setup and signal."""
     rows = []
     for label, name, g in _recovery_groups(df):
         done = g["held_done_s"].dropna()
@@ -587,9 +575,7 @@ def recovery_times_plot(times: pd.DataFrame) -> plt.Figure:
 
 
 def failover_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The failover trials in one row: medians (and the range of the time to
-    resume), the replication the primary saw, and whether any job was lost
-    or ran twice."""
+    """The failover trials in one row."""
     resume = df["resume_s"]
     states = ", ".join(sorted(map(str, set(df["replication"])))) if "replication" in df else "?"
     return pd.DataFrame([{
@@ -660,8 +646,7 @@ def usual_n(df: pd.DataFrame) -> int:
 
 
 def peer_drain_spread(df: pd.DataFrame) -> pd.DataFrame:
-    """Median, min and max jobs/s per setup, with its `preset` and the largest
-    resident memory any worker process reached, in the order the setups ran."""
+    """`spread` of jobs/s per setup, in the order the setups ran."""
     df = df.assign(preset=df["preset"].fillna("") if "preset" in df.columns else "")
     s = spread(df, _SETUP, "jobs_per_sec")
     extra = df.groupby(_SETUP).agg(preset=("preset", "first"), seconds=("seconds", "median"))
@@ -676,13 +661,8 @@ def peer_drain_spread(df: pd.DataFrame) -> pd.DataFrame:
     return s.sort_values("order").drop(columns="order").reset_index(drop=True)
 
 
-def _whole(v: float) -> str:
-    return "–" if pd.isna(v) else f"{v:.0f}"
-
-
 def peer_drain_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Drain throughput of every setup, how long its drains lasted (flagged
-    under MIN_DRAIN_SECONDS, too short to be a measurement) and its peak RSS."""
+    """Every setup's drains, flagged under MIN_DRAIN_SECONDS (too short to measure)."""
     s = peer_drain_spread(df)
     table = pd.DataFrame({"system": s["system"].map(SYSTEM_NAMES), "settings": s["settings"],
                           "processes": s["workers"], "n": s["n"],
@@ -690,10 +670,10 @@ def peer_drain_table(df: pd.DataFrame) -> pd.DataFrame:
                           "drain (s, median)": s["seconds"].map(
                               lambda v: f"{v:.1f}" + (" (short)" if v < MIN_DRAIN_SECONDS
                                                       else ""))})
-    if "workers_used_min" in s.columns:  # recorded by jobqueue's drains (its jobs' worker_id)
-        table["fewest processes that took jobs"] = s["workers_used_min"].map(_whole)
-    if "rss_peak_mib" in s.columns:
-        table["peak RSS (MiB)"] = s["rss_peak_mib"].map(_whole)
+    for column, name in (("workers_used_min", "fewest processes that took jobs"),
+                         ("rss_peak_mib", "peak RSS (MiB)")):
+        if column in s.columns:  # workers_used: jobqueue's drains record it (worker_id)
+            table[name] = s[column].map(lambda v: _ms(v, ".0f"))
     return table
 
 
@@ -745,9 +725,7 @@ def peer_drain_plot(df: pd.DataFrame) -> plt.Figure:
 
 
 def peer_latency_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """Each setup's runs at each rate, their medians (quantiles NaN where a
-    run's sample does not carry them) and flags (`rate_met`, `kept_up`:
-    false if any run's was)."""
+    """Medians of each setup's runs at each rate; `rate_met`, `kept_up` false if any run's was."""
     keys = ["rate", "system", "settings"]
     cols = [c for c in df.columns if c.endswith("_ms") or c in (
         "achieved_rate", "completed_rate", "jobs", "warmup_s", "seconds")]
@@ -770,9 +748,7 @@ def latency_flag(row: pd.Series) -> str:
 
 
 def peer_latency_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per rate and setup: the rate asked and achieved with its flag, the
-    seconds left out and counted, the jobs counted, p50, p99 and p99.9 to
-    start and to completion ("–" where the sample does not carry them)."""
+    """Per rate and setup ("–" where the sample does not carry a percentile)."""
     med = peer_latency_runs(df)
     table = pd.DataFrame({
         "arrivals asked (jobs/s)": med["rate"], "system": med["system"].map(SYSTEM_NAMES),
@@ -842,8 +818,7 @@ def peer_latency_cdf(samples: pd.DataFrame, rate: float | None = None) -> plt.Fi
 
 
 def peer_memory_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Resident memory of one worker at the start and end of a long drain,
-    its peak, and the change per 10,000 jobs (comparable where n differ)."""
+    """One worker's memory over a long drain, per 10,000 jobs where n differ."""
     return pd.DataFrame({
         "system": df["system"].map(SYSTEM_NAMES), "settings": df["settings"].map(short_settings),
         "jobs drained": df["n"], f"{RATE}": df["jobs_per_sec"].round(0),
@@ -968,8 +943,7 @@ def _pressure_flags(df: pd.DataFrame, timeline: pd.DataFrame | None) -> pd.Serie
 
 
 def pressure_table(df: pd.DataFrame, timeline: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per system and phase, in the run's order, with p99 over the
-    system's baseline p99 and the flags (`_pressure_flags`)."""
+    """One row per system and phase, in the run's order."""
     d = df.sort_values(["system", "order"], key=lambda c: c.map(
         {s: i for i, s in enumerate(SYSTEM_COLORS)}) if c.name == "system" else c)
     base = d.groupby("system")["complete_p99_ms"].transform("first")
@@ -1016,8 +990,7 @@ def probe_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def waits_table(waits: pd.DataFrame, top: int = 5) -> pd.DataFrame:
-    """The most frequent wait events per system and phase (one count per
-    active backend per sample)."""
+    """The most frequent wait events per system and phase."""
     rows = []
     for (system, phase), g in waits.groupby(["system", "phase"], sort=False):
         g = g.sort_values("count", ascending=False).head(top)
