@@ -9,6 +9,9 @@ the tables is fixed, written once, and says what is measured and how.
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,135 +48,26 @@ def _setup(context: dict[str, str]) -> str:
     ])
 
 
-# -- the fixed text: what each table measures, and how, said once -----------------
+# -- what each table measures, and how: said once, in the notebook that measures it --
 
-THROUGHPUT_NOTE = (
-    f"Draining no-op jobs already in the table, each drain sized from the rate the one before "
-    f"it measured so that it lasts {plots.MIN_DRAIN_SECONDS:g} s or more (a shorter one is run "
-    "again bigger, and flagged if it still is); median jobs/s of the runs (min–max), timed "
-    "from the first claim to the last completion. *workers used* is how many worker processes "
-    "took jobs (in exclusive mode one works and the others stand by; in shared mode all "
-    "should); *last joined* is how long after the first claim the last of them made its own "
-    "first one. The flags say which settings fall short of that, and which is the fastest "
-    "setting that does not.")
-TABLE_SIZE_NOTE = (
-    "One exclusive worker at batch 1,000. The claim reads the partial index of pickable jobs, "
-    "so finished rows should not slow it down. *dead tuples after* is the jobs table's "
-    "`n_dead_tup` when the drain ended (the statistics can lag a second); WAL, full-page "
-    "images and checkpoints are what the drain cost the server.")
-SOAK_NOTE = (
-    "Jobs arrive at a fixed rate for the seconds in the table on one worker at its defaults, "
-    "completed jobs kept for *kept* seconds, then pruned; the jobs table's rows and size and "
-    "the worker's memory sampled every second. A healthy queue draws no line that climbs: "
-    "pruning deletes in bursts, autovacuum (at 2 % dead rows, looked at every 10 s) takes "
-    "them back. Flagged: dead rows or table size still climbing in the last third (over 1.5× "
-    "the second third's peak), worker memory up over 10 %.")
-WORK_NOTE = (
-    "`write_row` inserts one row through the handler's session (it commits with the job); "
-    "`sleep_10ms` waits 10 ms, like a call to another service: for such jobs lanes "
-    "(`--concurrency`) and processes bound the rate (100 jobs/s per lane), not the batch.")
-ROUTING_NOTE = (
-    "The same no-op jobs in one queue at one priority, then spread evenly over several queues "
-    "and priorities (interleaved in the table, so that none comes first), drained by one "
-    "worker process; *× the first setup* is the median against one queue at one priority. "
-    "*completed after a lower priority* counts the jobs that completed after a job of lower "
-    "priority in their own queue had (jobs committed together count as at once): when every "
-    "lane serves every queue, two lanes can hold batches of one queue at once, and the one "
-    "with the lower priorities may commit first.")
-SYNC_NOTE = (
-    "The same work done by an async handler and by a sync (plain `def`) one, which the worker "
-    "runs in threads, each drained by one worker process at the CLI's defaults. A sync job "
-    "pays two commits of its own (its claim, then its writes with its outcome), a thread "
-    "hand-off and a sync session; async jobs in a quick batch share one commit.")
-LATENCY_NOTE = (
-    "Jobs arrive one at a time, each in its own transaction, at a fixed rate that does not "
-    "wait for the queue (open loop); one idle worker, woken by LISTEN/NOTIFY. Enqueue = the "
-    "row's insertion; start and completion as the worker recorded them. The warm-up of each "
-    "run is left out; each quantile pools the runs' samples at a rate and is shown only where "
-    "they carry it (a q-quantile needs 1/(1 − q) samples: p99 100, p99.9 1,000; \"–\" "
-    f"otherwise); a rate the producer kept under {plots.MET_SHARE:.0%} of is flagged and "
-    "drawn hollow at the rate achieved: it measures the producer, not the queue.")
-RECOVERY_NOTE = (
-    "Recovery is the time from the signal to the first job the standby completes, on the "
-    "database's clock. After a crash (SIGKILL) the dead worker's connections close and its "
-    "advisory locks go with them: the standby, blocked in `pg_advisory_lock`, takes over at "
-    "once. After a hang (SIGSTOP) its connections stay open, so the standby waits until the "
-    "last heartbeat is older than the lease, then fences it off (terminates its backends). "
-    "*held at the signal*: the dead worker's `processing` jobs (none on the quick path, whose "
-    "batch dies with its transaction); *left processing*: those still `processing` when the "
-    "standby completed its first job; every held job must complete exactly once.")
-FAILOVER_NOTE = (
-    "No failover manager ran here: the standby was promoted the moment the primary died, so "
-    "a real one adds its own time to decide. After the promotion, the worker reconnects (with "
-    "backoff), starts a new life on the new primary and runs its first batch. Every job must "
-    "complete exactly once, and the jobs completed before the kill must still be on the new "
-    "primary.")
-PEERS_NOTE = (
-    "Each system runs as real worker processes in the configuration its own documentation "
-    "advises for throughput, with the same numbers of processes as jobqueue (listed under "
-    "each table). jobqueue runs as the README starts it, `jobqueue worker --import MODULE`, "
-    "stopped with SIGTERM once the jobs are done; every label is read back from the arguments "
-    "the processes were given. Besides no-op jobs, two kinds of real work, the same in every "
-    "system: `write_row` INSERTs one row; `process_payment` (the seed's handler) UPDATEs a "
-    "user's balance and INSERTs the payment in one transaction. Each peer's task writes "
-    "through a pool of its own, as its docs show (PgQueuer an asyncpg pool passed as a shared "
-    "resource, Procrastinate its connector's pool, oban-py a psycopg pool of the tasks' own, "
-    "graphile-worker `helpers.query` and `helpers.withPgClient`); jobqueue's handlers write "
-    "through the session it hands them, in the batch's transaction. Every drain checks that "
-    "each job ran once and wrote exactly its rows. Throughput comes from the timestamps each "
-    "system writes on PostgreSQL's clock (claimed: `jobs.started_at`, PgQueuer's `picked` log "
-    "row, Procrastinate's `started` event, oban-py's `attempted_at`, graphile-worker's "
-    "`locked_at`; completion recorded: `jobs.completed_at`, `successful`, `succeeded`, "
-    "`completed_at`; graphile-worker keeps no record of a completion, so its drain ends at "
-    "the first 10 ms sample that finds its jobs table empty). The course's design runs in the "
-    "benchmark's own process, timed by its client clock.")
-DRAIN_NOTE = (
-    "Jobs already queued; median jobs/s of the rounds (min–max), every setup once per round, "
-    "one after another. `n` is the number of jobs each drain ran: the slowest setups drain "
-    "fewer, so that a run lasts seconds rather than minutes. Peak RSS is the largest resident "
-    "memory any of the setup's worker processes reached.")
-PEER_LATENCY_NOTE = (
-    "Jobs enqueued one at a time, each in its own transaction, at a fixed rate that does not "
-    "wait for the queue (open loop), by the same asyncpg producer for every system; one idle "
-    "worker per system, woken by its own LISTEN/NOTIFY. The warm-up of each run is left out, "
-    "the next seconds counted (both in the table). A percentile is shown only where the run's "
-    "counted jobs carry it (p99 from 100 jobs, p99.9 from 1,000; \"–\" otherwise). A rate the "
-    "producer did not reach (under 95 % of it) is plotted at the rate achieved, hollow, and "
-    "flagged, as is a system that fell behind (completed under 95 % of the arrival rate): its "
-    "latency is a backlog that grows with the run, not a wake-up.")
-#: Under the no-op drains: why two systems sit orders of magnitude below the others.
-PER_JOB_COMMITS = (
-    "Procrastinate and the course design commit per job (Procrastinate twice: the claim, "
-    "then the completion): every job waits for a durable commit of its own. PgQueuer, "
-    "oban-py, graphile-worker and jobqueue claim in batches; jobqueue also records a "
-    "batch's completions in the same transaction.")
-#: Under the latency comparison: PgQueuer's gap between start and recorded completion.
-PGQUEUER_BUFFER = (
-    "PgQueuer's gap between a job's start and its recorded completion is its completion "
-    "buffer: PgQueuer 1.6 writes finished jobs when the buffer holds `batch_size` of them or "
-    "about every 0.1 s (`JobStatusLogBuffer`, `pgqueuer/core/buffers.py`), in a statement of "
-    "their own.")
-PRESSURE_NOTE = (
-    "A session that keeps a transaction open pins the xmin horizon: from then on vacuum can "
-    "remove no row version that died after it began, and every finished job's dead versions "
-    "stay in the queue's tables and indexes for each claim to step over. Each system in turn, "
-    "in its own database, with one worker process configured as in the comparison above, "
-    "goes through the phases of the table (*s*: seconds) with the producer running through "
-    "all of them: jobs arrive one at a time, each in its own transaction, at scheduled times "
-    "(open loop), through the same asyncpg producer. The *holder* is a session that ran "
-    "`SELECT pg_current_xact_id()` in a transaction it leaves open; *RR readers* each keep "
-    "one REPEATABLE READ transaction open and scan the system's tables with `count(*)`. "
-    "Before the phases, a drain measures what the worker sustains; the load phase asks for "
-    "that multiple of it, capped at what one producer sends, and a system that sustains less "
-    "than the base rate gets a share of what it sustains. Latency is enqueue → completion from "
-    "each system's own timestamps, of the jobs enqueued in the phase, p99 only where 100 jobs "
-    "carry it. Dead tuples and sizes are the system's own tables at the phase's last sample; "
-    "wait events are what its active sessions waited on (`CPU`: none). An arrival that would "
-    "have waited over a second to be sent is dropped, so that every phase lasts what it says. "
-    f"The issue's goal for jobqueue: with the horizon pinned for "
-    f"{plots.GOAL_PINNED_S / 60:g} minutes at {plots.GOAL_RATE:g} jobs/s, p99 within "
-    f"{plots.GOAL_FACTOR:g}× its own baseline and below every peer's, and back to baseline "
-    f"within {plots.GOAL_RECOVERY_S:g} s of the release; a row that misses it is flagged.")
+NOTEBOOKS = CHECKOUT / "notebooks" / "benchmarks"
+
+
+@functools.cache
+def notes() -> dict[str, str]:
+    """The notebooks' Markdown cells tagged `note:<name>`, without their heading:
+    the explanations a reader of the notebook and of BENCHMARKS.md both need."""
+    found = {}
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            for tag in cell["metadata"].get("tags", []):
+                if tag.startswith("note:"):
+                    found[tag[5:]] = re.sub(r"^#+ .*\n+", "", "".join(cell["source"])).strip()
+    return found
+
+
+def note(name: str) -> str:
+    return notes()[name]
 
 
 # -- the sections --------------------------------------------------------------------
@@ -186,23 +80,23 @@ def _table_figure(results: Path, name: str, table: pd.DataFrame, fig: Any,
 
 def _throughput(results: Path) -> str:
     df, _ = load("throughput_matrix", results)
-    lines = ["## Throughput", "", THROUGHPUT_NOTE, "",
+    lines = ["## Throughput", "", note("throughput"), "",
              *_table_figure(results, "throughput", plots.throughput_table(df),
                             plots.throughput_plot(df))]
     if (results / "throughput_table_size.csv").exists():
         sdf, _ = load("throughput_table_size", results)
-        lines += ["### Does cost grow with the table?", "", TABLE_SIZE_NOTE, "",
+        lines += ["### Does cost grow with the table?", "", note("table_size"), "",
                   *_table_figure(results, "table_size", plots.table_size_table(sdf),
                                  plots.table_size_plot(sdf))]
     if (results / "throughput_soak.csv").exists():
         summary, _ = load("throughput_soak", results)
         timeline, _ = load("throughput_soak_timeline", results)
-        lines += ["### A long run: does the table stay healthy?", "", SOAK_NOTE, "",
+        lines += ["### A long run: does the table stay healthy?", "", note("soak"), "",
                   *_table_figure(results, "soak", plots.soak_table(summary),
                                  plots.soak_plot(timeline), ",.1f")]
     if (results / "throughput_work.csv").exists():
         wdf, _ = load("throughput_work", results)
-        lines += ["### Jobs that do something", "", WORK_NOTE, "",
+        lines += ["### Jobs that do something", "", note("work"), "",
                   plots.markdown(plots.work_table(wdf)), ""]
     if (results / "throughput_routing.csv").exists():
         lines += _routing(results)
@@ -214,14 +108,14 @@ def _throughput(results: Path) -> str:
 def _routing(results: Path) -> list[str]:
     rdf, _ = load("throughput_routing", results)
     spans, _ = load("throughput_routing_spans", results)
-    return ["### Queues and priorities", "", ROUTING_NOTE, "",
+    return ["### Queues and priorities", "", note("routing"), "",
             *_table_figure(results, "routing", plots.routing_table(rdf),
                            plots.routing_plot(spans, rdf))]
 
 
 def _sync(results: Path) -> list[str]:
     sdf, _ = load("throughput_sync", results)
-    return ["### Sync handlers beside async ones", "", SYNC_NOTE, "",
+    return ["### Sync handlers beside async ones", "", note("sync"), "",
             plots.markdown(plots.sync_table(sdf)), ""]
 
 
@@ -229,7 +123,7 @@ def _latency(results: Path) -> str:
     df, _ = load("latency", results)
     samples, _ = load("latency_samples", results)
     return "\n".join([
-        "## Latency", "", LATENCY_NOTE, "",
+        "## Latency", "", note("latency"), "",
         *_table_figure(results, "latency", plots.latency_table(df, samples),
                        plots.latency_plot(df, samples), ",.1f"),
         _figure(plots.latency_histogram(samples), "latency_histogram", results)])
@@ -243,7 +137,7 @@ def _recovery(results: Path) -> str:
         "The active worker is killed (SIGKILL) or frozen (SIGSTOP) while it works through a "
         "stream of jobs; both workers run "
         f"`jobqueue worker {plots.recovery_common_flags(times, 'argv')}` plus the setup's own "
-        f"flags. {RECOVERY_NOTE}", "",
+        f"flags. {note('recovery')}", "",
         *_table_figure(results, "recovery_timeline", plots.recovery_table(times),
                        plots.recovery_timeline_plot(timeline, times), ",.3f"),
         _figure(plots.recovery_times_plot(times), "recovery_times", results)]
@@ -252,13 +146,9 @@ def _recovery(results: Path) -> str:
         timeline, _ = load("recovery_failover_timeline", results)
         lines += [
             "", "### PostgreSQL failover", "",
-            "A primary and its synchronous standby (embedded, on this machine); one worker, "
-            f"`jobqueue worker {times['argv'].iloc[0]}`, with a DATABASE_URL naming both "
-            "(`target_session_attrs=read-write`), works through a stream of "
-            f"{int(times['jobs'].iloc[0]):,} jobs of {times['job_ms'].iloc[0]:g} ms; the "
-            "primary's postmaster gets SIGKILL and the standby is promoted at once. Times on "
-            "the servers' clock; the lost server is rebuilt as the standby between trials. "
-            + FAILOVER_NOTE, "",
+            note("failover"), "",
+            f"Here the worker ran `jobqueue worker {times['argv'].iloc[0]}`, through "
+            f"{int(times['jobs'].iloc[0]):,} jobs of {times['job_ms'].iloc[0]:g} ms a trial.", "",
             *_table_figure(results, "recovery_failover_timeline", plots.failover_table(times),
                            plots.failover_timeline_plot(timeline, times), ",.3f")]
     return "\n".join(lines).rstrip("\n")
@@ -286,30 +176,28 @@ def _peers(results: Path) -> str:
                          for k, v in context.items() if k.endswith("_version"))
     lines = ["## Beside its peers: PgQueuer, Procrastinate, oban-py, graphile-worker and the "
              "course's design", "",
-             f"Same server, one run ({versions or 'peer versions unknown'}). {PEERS_NOTE}", ""]
+             note("peers"), "", f"Versions: {versions or 'unknown'}.", ""]
     for name, handler in COMPARISON_DRAINS:
         if (results / f"{name}.csv").exists():
             df, _ = load(name, results)
             lines += [f"### Draining {plots.usual_n(df):,} {plots.WORKLOADS[handler]}", "",
-                      DRAIN_NOTE, "", plots.markdown(plots.peer_drain_table(df)), "",
+                      note("drain"), "", plots.markdown(plots.peer_drain_table(df)), "",
                       *configuration_notes(df), "",
                       _figure(plots.peer_drain_plot(df), name, results), "",
-                      *([PER_JOB_COMMITS, ""] if handler == "noop" else [])]
+                      *([note("per_job_commits"), ""] if handler == "noop" else [])]
     if (results / "comparison_latency.csv").exists():
         df, _ = load("comparison_latency", results)
         samples, _ = load("comparison_latency_samples", results)
-        lines += ["### Latency under open-loop arrivals", "", PEER_LATENCY_NOTE, "",
+        lines += ["### Latency under open-loop arrivals", "", note("peer_latency"), "",
                   plots.markdown(plots.peer_latency_table(df), ",.1f"), "",
                   *configuration_notes(df), "",
                   _figure(plots.peer_latency_plot(df), "comparison_latency", results), "",
                   _figure(plots.peer_latency_cdf(samples), "comparison_latency_cdf", results),
-                  "", PGQUEUER_BUFFER, ""]
+                  "", note("pgqueuer_buffer"), ""]
     if (results / "comparison_memory.csv").exists():
         df, _ = load("comparison_memory", results)
         timeline, _ = load("comparison_memory_timeline", results)
-        lines += ["### Memory over a long drain", "",
-                  "One worker drains a large table while its resident memory (VmRSS) is read "
-                  "every quarter second from outside the process.", "",
+        lines += ["### Memory over a long drain", "", note("memory"), "",
                   plots.markdown(plots.peer_memory_table(df), ",.2f"), "",
                   *configuration_notes(df), "",
                   _figure(plots.peer_memory_plot(timeline), "comparison_memory", results)]
@@ -321,13 +209,13 @@ def _pressure(results: Path) -> str:
     df, context = load("pressure", results)
     timeline, _ = load("pressure_timeline", results)
     lines = [
-        "## Under pressure: vacuum held back", "", PRESSURE_NOTE, "",
+        "## Under pressure: vacuum held back", "", note("pressure"), "",
         f"This run: {', '.join(plots.SYSTEM_NAMES[s] for s in plots.systems(df))}; load capped "
         f"at {context.get('pressure_max_rate', '?')} jobs/s, the first "
         f"{context.get('pressure_warmup', '?')} s left out, wait events sampled every "
         f"{context.get('pressure_interval', '?')} s, the figure's windows "
         f"{context.get('pressure_window', '?')} s.", "",
-        plots.markdown(plots.pressure_table(df, timeline), ",.1f"), "",
+        plots.markdown(plots.pressure_table(df, timeline), ",.1f"), "", note("pressure_goal"), "",
         *configuration_notes(df), "",
         _figure(plots.pressure_plot(timeline, df), "pressure", results)]
     probes = plots.probe_table(df)

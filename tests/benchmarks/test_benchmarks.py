@@ -105,7 +105,7 @@ def test_the_report_renders_each_workload_from_small_csvs(tmp_path: Path) -> Non
     # The headline table opens the document: the three drains, each peer's best.
     glance = text[text.index("## At a glance"):text.index("## Setup")]
     assert glance.count("| drain, ") == 9 and "| 5.00 |" in glance  # 32,000 ÷ 6,400
-    assert text.count(report.PER_JOB_COMMITS) == 1  # under the no-op drains only
+    assert text.count(report.note("per_job_commits")) == 1  # under the no-op drains only
     assert "| graphile-worker | concurrency 24, 4 processes, perfTest configuration | 4 |" in text
     for figure in ("comparison_drain", "comparison_write_row", "comparison_process_payment"):
         assert (tmp_path / f"{figure}.png").stat().st_size > 0

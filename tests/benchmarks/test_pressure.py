@@ -100,7 +100,7 @@ async def test_a_run_pins_the_horizon_only_while_its_holder_and_readers_are_ther
     save(result["timeline"], "pressure_timeline", context)
     text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
     assert "## Under pressure" in text and "| jobqueue | holder | 2" in text
-    assert "The issue's goal for jobqueue" in text
+    assert "issue's goal for jobqueue" in text
     assert (tmp_path / "pressure.png").stat().st_size > 0
 
 
