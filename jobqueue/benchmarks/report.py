@@ -2,8 +2,8 @@
 `python -m jobqueue.benchmarks.report` (the last step of `make bench`).
 
 Every number in the document is read from `notebooks/benchmarks/results/*.csv`
-and shown in a table, with a flag where a figure needs one; the text beside
-the tables is fixed, written once, and says what is measured and how.
+and shown in a table, with a flag where a figure needs one; what each table
+measures, and how, is quoted from the notebook that measures it (`note`).
 """
 
 from __future__ import annotations
