@@ -1,5 +1,7 @@
-"""Tables and figures from results files: the notebooks show them, the report
-saves them as PNGs for BENCHMARKS.md. Each takes the DataFrame `load()` gives."""
+"""Tables and figures from the results files: the notebooks show them, and
+`report` saves them into BENCHMARKS.md. What a reader must know about a
+figure (a drain too short, a rate not reached, a worker that joined late, a
+goal not met) is a flag in the table it concerns, not a sentence."""
 
 from __future__ import annotations
 
@@ -19,19 +21,15 @@ RATE = "jobs/s"
 
 def spread(df: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
     """Median, min and max of `value` over repetitions, per group."""
-    grouped = df.groupby(by, sort=True)[value]
-    out = grouped.agg(["median", "min", "max", "count"]).reset_index()
+    out = df.groupby(by, sort=True)[value].agg(["median", "min", "max", "count"]).reset_index()
     return out.rename(columns={"count": "runs"})
 
 
 def markdown(df: pd.DataFrame, floatfmt: str = ",.0f") -> str:
     """A DataFrame as a Markdown table (numbers formatted, no index)."""
     def fmt(v: Any) -> str:
-        if isinstance(v, float):
-            return format(v, floatfmt)
-        if isinstance(v, int):
-            return format(v, ",")
-        return str(v)
+        return (format(v, floatfmt) if isinstance(v, float) else
+                format(v, ",") if isinstance(v, int) else str(v))
 
     header = "| " + " | ".join(str(c) for c in df.columns) + " |"
     rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else "---"
@@ -44,53 +42,49 @@ def _range(row: pd.Series) -> str:
     return f"{row['median']:,.0f} ({row['min']:,.0f}–{row['max']:,.0f})"
 
 
+def _ms(v: Any, fmt: str = ",.1f") -> str:
+    return "–" if v is None or pd.isna(v) else format(v, fmt)
+
+
+def _count(v: Any) -> str:
+    return "–" if pd.isna(v) else f"{int(v):,}"
+
+
 # -- throughput -----------------------------------------------------------------
 
-#: How a drain row is flagged wherever it is shown.
 SHORT_FLAG = f"drain under {MIN_DRAIN_SECONDS:g} s"
 PARTIAL_FLAG = "not every worker took part"
 #: A shared drain whose last worker joined later than this share of the
 #: drain is flagged: for that long, fewer workers drained than it says.
 LATE_SHARE = 0.1
 LATE_FLAG = f"a worker joined after {LATE_SHARE:.0%} of the drain"
+BEST_FLAG = "fastest setting without a flag"
 
 
 def counted(df: pd.DataFrame) -> pd.DataFrame:
     """The drains the figures use: without the sizing runs `drain_matrix`
-    ran again bigger (results written before sizing kept every row)."""
+    ran again bigger."""
     return df[df["counted"].astype(bool)] if "counted" in df.columns else df
 
 
-def _expected_workers(df: pd.DataFrame) -> pd.Series:
-    """Workers that should take jobs: all of them in shared mode, the
-    active one in exclusive mode (the others stand by)."""
-    return df["workers"].where(df["mode"] == "shared", 1)
-
-
 def drain_summary(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Per setting: median, min and max jobs/s of the counted drains, how
-    long they lasted and how many jobs each drained, the workers that took
-    jobs, and the flags: `short` (some drain lasted under MIN_DRAIN_SECONDS),
-    `partial` (in some run fewer workers took jobs than the mode puts to
-    work, all W in shared mode, or the last of them joined after LATE_SHARE
-    of the drain)."""
-    df = counted(df).assign(expected=lambda d: _expected_workers(d))
-    s = spread(df, by, "jobs_per_sec")
+    """Per setting, over the counted drains: `spread` of jobs/s and the flags
+    `short` (a drain under MIN_DRAIN_SECONDS) and `partial` (fewer workers took
+    jobs than the mode puts to work, or the last joined late)."""
+    df = counted(df)
+    df = df.assign(expected=df["workers"].where(df["mode"] == "shared", 1),
+                   skew=df["start_skew_s"] if "start_skew_s" in df else 0.0)
+    df = df.assign(short=df["seconds"] < MIN_DRAIN_SECONDS,
+                   part=df["workers_used"] < df["expected"],
+                   late=df["skew"] > LATE_SHARE * df["seconds"])
     g = df.groupby(by, sort=True)
     extra = pd.DataFrame({
         "seconds_min": g["seconds"].min(), "seconds_max": g["seconds"].max(),
         "n_min": g["n"].min(), "n_max": g["n"].max(),
         "used_min": g["workers_used"].min(), "used_max": g["workers_used"].max(),
-        "short_runs": g["seconds"].apply(lambda v: int((v < MIN_DRAIN_SECONDS).sum())),
-        "partial_runs": df.assign(p=df["workers_used"] < df["expected"]).groupby(
-            by, sort=True)["p"].sum().astype(int),
-        "expected": g["expected"].first()}).reset_index()
-    skew = df["start_skew_s"] if "start_skew_s" in df else pd.Series(0.0, index=df.index)
-    late = df.assign(skew=skew, late=skew > LATE_SHARE * df["seconds"]).groupby(by, sort=True)
-    extra = extra.merge(pd.DataFrame({"skew_max": late["skew"].max(),
-                                      "late_runs": late["late"].sum().astype(int)}
-                                     ).reset_index(), on=by)
-    s = s.merge(extra, on=by)
+        "short_runs": g["short"].sum().astype(int), "partial_runs": g["part"].sum().astype(int),
+        "skew_max": g["skew"].max(), "late_runs": g["late"].sum().astype(int)}).reset_index()
+    s = spread(df, by, "jobs_per_sec").merge(extra, on=by)
     s["short"] = s["short_runs"] > 0
     s["partial"] = (s["partial_runs"] > 0) | (s["late_runs"] > 0)
     return s
@@ -101,19 +95,15 @@ def _span(low: float, high: float, fmt: str = ",.0f") -> str:
 
 
 def _flags(row: pd.Series) -> str:
-    flags = []
-    if row["short"]:
-        flags.append(f"⚠ {SHORT_FLAG} ({row['short_runs']} of {row['runs']})")
-    if row["partial_runs"]:
-        flags.append(f"⚠ {PARTIAL_FLAG} ({row['partial_runs']} of {row['runs']} runs)")
-    if row["late_runs"]:
-        flags.append(f"⚠ {LATE_FLAG} ({row['late_runs']} of {row['runs']} runs)")
-    return "; ".join(flags)
+    return "; ".join(f"⚠ {flag} ({row[key]} of {row['runs']}{runs})"
+                     for flag, key, runs in ((SHORT_FLAG, "short_runs", ""),
+                                             (PARTIAL_FLAG, "partial_runs", " runs"),
+                                             (LATE_FLAG, "late_runs", " runs")) if row[key])
 
 
-def _drain_columns(s: pd.DataFrame) -> pd.DataFrame:
+def _drain_columns(s: pd.DataFrame, drop: tuple[str, ...] = ()) -> pd.DataFrame:
     """The columns every drain table shows after its setting's."""
-    return pd.DataFrame({
+    cols = pd.DataFrame({
         f"{RATE}, median (min–max)": s.apply(_range, axis=1),
         "drain s (min–max)": [_span(a, b, ".2f") for a, b in
                               zip(s["seconds_min"], s["seconds_max"], strict=True)],
@@ -122,25 +112,27 @@ def _drain_columns(s: pd.DataFrame) -> pd.DataFrame:
                          zip(s["used_min"].astype(int), s["used_max"].astype(int), strict=True)],
         "last joined (s)": s["skew_max"].map(lambda v: f"{v:.2f}"),
         "runs": s["runs"], "flags": s.apply(_flags, axis=1)})
+    return cols.drop(columns=list(drop))
+
+
+_MATRIX = ["mode", "workers", "batch_size"]
 
 
 def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per mode × worker count × batch size: median jobs/s (min–max)
-    over the counted drains, their length, their size, the workers that
-    took jobs (`workers_used`), and the flags."""
-    s = drain_summary(df, ["mode", "workers", "batch_size"])
-    head = pd.DataFrame({"mode": s["mode"], "workers": s["workers"],
-                         "batch size": s["batch_size"]})
-    return pd.concat([head, _drain_columns(s)], axis=1)
-
-
-def best_setting(df: pd.DataFrame) -> pd.Series | None:
-    """The setting with the highest median among those that carry no flag
-    (every drain long enough, every worker the mode puts to work took jobs
-    in every run); None if every setting is flagged."""
-    s = drain_summary(df, ["mode", "workers", "batch_size"])
+    """One row per mode × worker count × batch size; the fastest setting
+    without a flag is marked as such."""
+    s = drain_summary(df, _MATRIX)
+    table = pd.concat([s[_MATRIX].rename(columns={"batch_size": "batch size"}),
+                       _drain_columns(s)], axis=1)
     clean = s[~s["short"] & ~s["partial"]]
-    return None if clean.empty else clean.loc[clean["median"].idxmax()]
+    if len(clean):
+        table.loc[clean["median"].idxmax(), "flags"] = f"★ {BEST_FLAG}"
+    return table
+
+
+def _errorbar(ax: Any, s: pd.DataFrame, x: str, **kw: Any) -> None:
+    ax.errorbar(s[x], s["median"], yerr=[s["median"] - s["min"], s["max"] - s["median"]],
+                capsize=3, **kw)
 
 
 def _mark_flagged(ax: Any, s: pd.DataFrame, x: str) -> None:
@@ -148,127 +140,131 @@ def _mark_flagged(ax: Any, s: pd.DataFrame, x: str) -> None:
     if len(flagged):
         ax.plot(flagged[x], flagged["median"], "o", markersize=13, markerfacecolor="none",
                 markeredgecolor="red", label="flagged (see the table)")
+        ax.legend(fontsize=8)
 
 
-def throughput_plot(df: pd.DataFrame) -> plt.Figure:
-    s = drain_summary(df, ["mode", "workers", "batch_size"])
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (mode, workers), g in s.groupby(["mode", "workers"]):
-        ax.errorbar(g["batch_size"], g["median"],
-                    yerr=[g["median"] - g["min"], g["max"] - g["median"]],
-                    marker="o" if mode == "shared" else "s", capsize=3,
-                    linestyle="-" if mode == "shared" else "--",
-                    label=f"{mode}, {workers} worker{'s' if workers > 1 else ''}")
-    _mark_flagged(ax, s, "batch_size")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("batch size (jobs per transaction)")
-    ax.set_ylabel(f"drain throughput ({RATE}, median, min–max)")
-    ax.set_title(f"Draining {WORKLOADS.get(workload(df), workload(df))}")
+def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, **title_kw: Any) -> Any:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, **title_kw)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
+def throughput_plot(df: pd.DataFrame) -> plt.Figure:
+    s = drain_summary(df, _MATRIX)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for (mode, workers), g in s.groupby(["mode", "workers"]):
+        _errorbar(ax, g, "batch_size", marker="o" if mode == "shared" else "s",
+                  linestyle="-" if mode == "shared" else "--",
+                  label=f"{mode}, {workers} worker{'s' if workers > 1 else ''}")
+    ax.legend(fontsize=8)
+    _mark_flagged(ax, s, "batch_size")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    return _finish(fig, ax, "batch size (jobs per transaction)",
+                   f"drain throughput ({RATE}, median, min–max)",
+                   f"Draining {WORKLOADS.get(workload(df), workload(df))}")
+
+
 def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per table size: jobs/s, the drain's length, and what the drain left
-    and cost the server: `n_dead_tup` when it ended, autovacuum runs during
-    it, WAL, full-page images and checkpoints (medians over the runs)."""
+    """Per table size: jobs/s, and what the drain left and cost the server."""
     s = drain_summary(df, ["n"])
     medians = counted(df).groupby("n").median(numeric_only=True).reset_index(drop=True)
-    table = pd.DataFrame({"jobs in table": s["n"]})
-    cols = _drain_columns(s).drop(columns=["jobs per drain", "workers used", "last joined (s)"])
-    table = pd.concat([table, cols.drop(columns=["runs", "flags"])], axis=1)
-    table["dead tuples after"] = medians["dead_tuples"]
-    if "autovacuums" in medians:  # results written before these columns existed lack them
-        table["autovacuums during"] = medians["autovacuums"]
-    if "wal_mib" in medians:
-        table["WAL MiB"] = medians["wal_mib"].round(0)
-        table["full-page images"] = medians["full_page_images"]
-        table["checkpoints"] = medians["checkpoints"]
-    table["runs"] = cols["runs"]
-    table["flags"] = cols["flags"]
-    return table
+    cols = _drain_columns(s, ("jobs per drain", "workers used", "last joined (s)"))
+    table = pd.concat([pd.DataFrame({"jobs in table": s["n"]}),
+                       cols.drop(columns=["runs", "flags"])], axis=1)
+    for column, name in (("dead_tuples", "dead tuples after"),
+                         ("autovacuums", "autovacuums during"), ("wal_mib", "WAL MiB"),
+                         ("full_page_images", "full-page images"),
+                         ("checkpoints", "checkpoints")):
+        if column in medians:  # results written before these columns existed lack them
+            table[name] = medians[column].round(0) if column == "wal_mib" else medians[column]
+    return pd.concat([table, cols[["runs", "flags"]]], axis=1)
 
 
 def table_size_plot(df: pd.DataFrame) -> plt.Figure:
     s = drain_summary(df, ["n"])
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    ax.errorbar(s["n"], s["median"], yerr=[s["median"] - s["min"], s["max"] - s["median"]],
-                marker="o", capsize=3)
+    _errorbar(ax, s, "n", marker="o")
     _mark_flagged(ax, s, "n")
     ax.set_xscale("log")
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("jobs in the table at the start")
-    ax.set_ylabel(f"drain throughput ({RATE})")
-    ax.set_title("Does cost grow with the table?")
-    ax.grid(True, which="both", alpha=0.3)
-    if s["short"].any() or s["partial"].any():
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "jobs in the table at the start", f"drain throughput ({RATE})",
+                   "Does cost grow with the table?")
+
+
+def _climbing(later: float, earlier: float) -> bool:
+    """A peak in the last third more than half again the second third's."""
+    return bool(later > 1.5 * max(earlier, 1))
 
 
 def soak_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The long run in one row: peaks in its second and last thirds."""
+    """The long run in one row, flagged where it would not stay healthy for weeks."""
     cols = {"rate": "jobs/s", "seconds": "seconds", "keep_seconds": "kept (s)",
             "dead_peak_middle": "dead rows, peak (2nd third)",
             "dead_peak_last": "dead rows, peak (last third)",
             "live_peak_last": "live rows, peak (last third)",
             "table_mib_end": "table MiB at the end", "autovacuums": "autovacuums",
             "rss_mib_start": "worker RSS MiB, start", "rss_mib_end": "worker RSS MiB, end"}
-    return summary[list(cols)].rename(columns=cols)
+
+    def flags(r: pd.Series) -> str:
+        out = ["⚠ dead rows still climbing"] if _climbing(r["dead_peak_last"],
+                                                          r["dead_peak_middle"]) else []
+        if not pd.isna(r.get("table_mib_middle")) and _climbing(r["table_mib_end"],
+                                                                 r["table_mib_middle"]):
+            out.append("⚠ table still growing")
+        if r["rss_mib_end"] > 1.1 * r["rss_mib_start"]:
+            out.append("⚠ worker RSS grew over 10 %")
+        return "; ".join(out)
+
+    return summary[list(cols)].rename(columns=cols).assign(flags=summary.apply(flags, axis=1))
 
 
 def soak_plot(timeline: pd.DataFrame) -> plt.Figure:
     fig, (rows, size, memory) = plt.subplots(1, 3, figsize=(13, 3.6))
-    rows.plot(timeline["t"], timeline["live"], label="live rows")
-    rows.plot(timeline["t"], timeline["dead"], label="dead rows")
-    rows.plot(timeline["t"], timeline["backlog"], label="waiting jobs")
+    for column, label in (("live", "live rows"), ("dead", "dead rows"),
+                          ("backlog", "waiting jobs")):
+        rows.plot(timeline["t"], timeline[column], label=label)
     rows.set_title("jobs table: rows")
-    rows.legend()
     size.plot(timeline["t"], timeline["table_mib"], label="table")
     size.plot(timeline["t"], timeline["pickable_index_mib"], label="idx_jobs_pickable")
     size.set_title("on disk (MiB)")
-    size.legend()
     memory.plot(timeline["t"], timeline["rss_mib"], color="C3")
     memory.set_ylim(bottom=0)
     memory.set_title("worker resident memory (MiB)")
     for ax in (rows, size, memory):
         ax.set_xlabel("seconds into the run")
         ax.grid(True, alpha=0.3)
+    rows.legend()
+    size.legend()
     fig.tight_layout()
     return fig
 
 
 def work_table(df: pd.DataFrame) -> pd.DataFrame:
     """Jobs that do something, per handler × mode × worker count × batch size."""
-    s = drain_summary(df, ["handler", "mode", "workers", "batch_size"])
-    head = s[["handler", "mode", "workers", "batch_size"]].rename(
-        columns={"batch_size": "batch size"})
-    return pd.concat([head, _drain_columns(s)], axis=1)
+    by = ["handler", *_MATRIX]
+    s = drain_summary(df, by)
+    return pd.concat([s[by].rename(columns={"batch_size": "batch size"}), _drain_columns(s)],
+                     axis=1)
 
 
-_SYNC = ["setup_order", "work", "kind", "handler"]
-
-
-def sync_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per handler of the sync comparison, in the order they ran
-    (`scenarios.sync_series`): `drain_summary`'s figures, and the worker's
-    label and threads."""
-    s = drain_summary(df, _SYNC)
-    g = counted(df).groupby(_SYNC, sort=True)
-    extra = pd.DataFrame({"settings": g["settings"].first(),
-                          "threads": g["threads"].first()}).reset_index()
-    return s.merge(extra, on=_SYNC)
+def _summary(df: pd.DataFrame, by: list[str], **first: str) -> pd.DataFrame:
+    """`drain_summary` with columns describing each setup beside it."""
+    g = counted(df).groupby(by, sort=True)
+    extra = pd.DataFrame({k: g[c].first() for k, c in first.items()}).reset_index()
+    return drain_summary(df, by).merge(extra, on=by)
 
 
 def sync_table(df: pd.DataFrame) -> pd.DataFrame:
-    """A row per handler: its work, async or sync, jobs/s and the drains."""
-    s = sync_summary(df)
+    """A row per handler, with what a job costs (µs: one second over the median)."""
+    s = _summary(df, ["setup_order", "work", "kind", "handler"], threads="threads")
     head = pd.DataFrame({"work": s["work"], "handler": s["kind"] + " (`" + s["handler"] + "`)"})
-    cols = _drain_columns(s).drop(columns=["workers used", "last joined (s)"])
+    cols = _drain_columns(s, ("workers used", "last joined (s)"))
+    cols.insert(1, "µs per job", (1e6 / s["median"]).round(0))
+    cols.insert(2, "threads", s["threads"].where(s["kind"] == "sync", "–"))
     return pd.concat([head, cols], axis=1)
 
 
@@ -278,32 +274,24 @@ _ROUTING = ["setup_order", "setup"]
 
 
 def routing_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per routing setup, in the order they ran (`scenarios.routing_series`):
-    `drain_summary`'s figures, the setup's queues, priorities and worker
-    label, and how priority held within the queues: the median of each
-    run's jobs completed after a job of lower priority in their queue
-    (`late_median`), the most in any run, and the most by which one was late
-    (`late_by_max_s`)."""
-    s = drain_summary(df, _ROUTING)
+    """Per routing setup: `drain_summary` and how priority held (`late_*`: the
+    jobs completed after a job of lower priority in their queue)."""
+    s = _summary(df, _ROUTING, queues="queues", priorities="priorities",
+                 priority_range="priority_range", settings="settings", argv="argv")
     g = counted(df).groupby(_ROUTING, sort=True)
-    extra = pd.DataFrame({"queues": g["queues"].first(), "priorities": g["priorities"].first(),
-                          "priority_range": g["priority_range"].first(),
-                          "settings": g["settings"].first(), "argv": g["argv"].first(),
-                          "late_median": g["late_jobs"].median(), "late_max": g["late_jobs"].max(),
-                          "late_by_max_s": g["late_by_s"].max()}).reset_index()
-    return s.merge(extra, on=_ROUTING)
+    late = pd.DataFrame({"late_median": g["late_jobs"].median(), "late_max": g["late_jobs"].max(),
+                         "late_by_max_s": g["late_by_s"].max()}).reset_index()
+    return s.merge(late, on=_ROUTING)
 
 
 def routing_table(df: pd.DataFrame) -> pd.DataFrame:
-    """A row per routing setup: queues × priorities, the worker, jobs/s,
-    the drains, and the jobs that completed after a lower priority of
-    their own queue (median of the runs and its share of n; the most late
-    any was, in ms)."""
+    """A row per routing setup, its jobs/s also against the first's (one queue)."""
     s = routing_summary(df)
     head = pd.DataFrame({"setup": s["setup"], "priorities": s["priority_range"],
                          "worker": s["settings"].map(short_settings)})
-    cols = _drain_columns(s).drop(columns=["workers used", "last joined (s)"])
+    cols = _drain_columns(s, ("workers used", "last joined (s)"))
     late = pd.DataFrame({
+        "× the first setup": (s["median"] / s["median"].iloc[0]).map(lambda v: f"{v:.2f}"),
         "completed after a lower priority (median)": [
             f"{m:,.0f} ({m / n:.1%})" for m, n in zip(s["late_median"], s["n_max"], strict=True)],
         "late by at most (ms)": (s["late_by_max_s"] * 1000).map(lambda v: f"{v:,.1f}")})
@@ -313,9 +301,7 @@ def routing_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def routing_plot(spans: pd.DataFrame, df: pd.DataFrame) -> plt.Figure:
     """A panel per setup with more than one priority, from its last run: a
-    line per queue and priority from its first completed job to its last,
-    seconds from the drain's first claim. Priorities that held draw each
-    queue's lines left to right from the highest priority down."""
+    line per queue and priority from its first completed job to its last."""
     s = routing_summary(df)
     shown = s[s["priorities"] > 1]
     fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(5.5 * max(1, len(shown)), 3.8),
@@ -362,13 +348,14 @@ def min_samples(q: float) -> int:
     return math.ceil(round(1 / (1 - q), 9))
 
 
+def _steady(samples: pd.DataFrame) -> pd.DataFrame:
+    return samples[~samples["warmup"].astype(bool)] if "warmup" in samples else samples
+
+
 def latency_stats(df: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """Per arrival rate: the rate achieved (median over runs) and whether it
-    met the target (MET_SHARE), and each quantile of enqueue → start and
-    enqueue → completion over the samples of every run pooled, the warm-up
-    left out; NaN where the pooled samples are too few for that quantile
-    (`min_samples`)."""
-    steady = samples[~samples["warmup"].astype(bool)] if "warmup" in samples else samples
+    """Per arrival rate: the rate achieved and whether it was met, and each
+    quantile of the runs' samples pooled, NaN where too few carry it."""
+    steady = _steady(samples)
     g = df.groupby("rate")
     out = pd.DataFrame({"achieved": g["achieved_rate"].median(), "runs": g.size(),
                         "warmup_s": g["warmup_s"].max() if "warmup_s" in df else 0.0})
@@ -384,19 +371,16 @@ def latency_stats(df: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def _ms(v: float) -> str:
-    return "–" if pd.isna(v) else f"{v:,.1f}"
-
-
 def latency_table(df: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """`latency_stats` as the notebook and BENCHMARKS.md show it: "–" for a
-    quantile the samples cannot carry, ⚠ beside an arrival rate not met."""
+    """`latency_stats` as shown: "–" for a quantile the samples cannot carry,
+    ⚠ beside an arrival rate not met."""
     st = latency_stats(df, samples)
     out = pd.DataFrame({
         "arrivals (jobs/s)": st["rate"],
         "achieved (jobs/s)": [f"{a:,.0f}" + ("" if m else f" ⚠ under {MET_SHARE:.0%}")
                               for a, m in zip(st["achieved"], st["met"], strict=True)],
-        "runs": st["runs"], "samples (pooled)": st["samples"]})
+        "runs": st["runs"], "warm-up left out (s)": st["warmup_s"].map(lambda v: f"{v:g}"),
+        "samples (pooled)": st["samples"]})
     if "jobs_per_commit" in st:
         out["jobs per commit"] = st["jobs_per_commit"].map(lambda v: f"{v:,.1f}")
     for label, prefix in (("to start", "start_"), ("to completion", "complete_")):
@@ -414,8 +398,7 @@ def latency_plot(df: pd.DataFrame, samples: pd.DataFrame) -> plt.Figure:
                                  ("C0", "C1", "C2"), strict=True):
         col = f"complete_{q}_ms"
         have = st[st[col].notna()]
-        ax.plot(have["achieved"], have[col], style, color=color,
-                label=f"{q.replace('_', '.')}")
+        ax.plot(have["achieved"], have[col], style, color=color, label=q.replace("_", "."))
         unmet = have[~have["met"]]
         ax.plot(unmet["achieved"], unmet[col], style[0], color="white", markeredgecolor=color,
                 markersize=8)
@@ -431,22 +414,19 @@ def latency_plot(df: pd.DataFrame, samples: pd.DataFrame) -> plt.Figure:
         ax.yaxis.set_major_formatter(ScalarFormatter())
     else:
         ax.text(0.5, 0.5, "no samples after the warm-up", ha="center", transform=ax.transAxes)
-    ax.set_xlabel("arrival rate achieved (jobs/s, open loop)")
-    ax.set_ylabel("enqueue → completion (ms)")
-    warm = float(st["warmup_s"].max())
-    ax.set_title("Latency under load" + (f" (first {warm:g} s of each run left out)"
-                                         if warm > 0 else ""), fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    warm = float(st["warmup_s"].max())
+    return _finish(fig, ax, "arrival rate achieved (jobs/s, open loop)",
+                   "enqueue → completion (ms)", "Latency under load" + (
+                       f" (first {warm:g} s of each run left out)" if warm > 0 else ""),
+                   fontsize=10)
 
 
 def latency_histogram(samples: pd.DataFrame) -> plt.Figure:
     """The distribution per arrival rate, the warm-up left out."""
-    steady = samples[~samples["warmup"].astype(bool)] if "warmup" in samples else samples
+    positive = _steady(samples)
+    positive = positive[positive["to_complete_ms"] > 0]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    positive = steady[steady["to_complete_ms"] > 0]
     low, high = positive["to_complete_ms"].min(), positive["to_complete_ms"].max()
     bins = pd.Series([low * (high / low) ** (i / 60) for i in range(61)]) if high > low else 30
     for rate, g in positive.groupby("rate"):
@@ -463,16 +443,14 @@ def latency_histogram(samples: pd.DataFrame) -> plt.Figure:
 
 # -- recovery -----------------------------------------------------------------------
 
-
-#: What tells one recovery setup from another in a results file: the path
-#: read from the workers' argv, the flags shown, and how long each job ran.
+#: What tells one recovery setup from another in a results file.
 RECOVERY_KEYS = ["path", "flags", "job_ms"]
 
 
 def recovery_setups(times: pd.DataFrame) -> list[tuple[tuple[Any, ...], str]]:
     """Each setup of a run (in the order it ran) with its label: the path,
-    the job length, and the flags that set it apart from the other setups
-    (the flags all share are said once, by `recovery_common_flags`)."""
+    the job length, and the flags that set it apart from the others (the
+    ones all share are `recovery_common_flags`)."""
     keys = list(dict.fromkeys(times[RECOVERY_KEYS].itertuples(index=False, name=None)))
     common = set(_flag_pairs(recovery_common_flags(times)))
     out = []
@@ -485,20 +463,16 @@ def recovery_setups(times: pd.DataFrame) -> list[tuple[tuple[Any, ...], str]]:
 
 def recovery_common_flags(times: pd.DataFrame, column: str = "flags") -> str:
     """The flags every setup of a run gave its workers (`column` "argv": with
-    the ones tables leave out, `--import` and `--log-level`)."""
+    `--import` and `--log-level`, which tables leave out)."""
     pairs = [_flag_pairs(f) for f in dict.fromkeys(times[column])]
-    common = [p for p in pairs[0] if all(p in other for other in pairs[1:])]
-    return " ".join(f"{f} {v}".strip() for f, v in common)
+    return " ".join(f"{f} {v}".strip() for f, v in pairs[0]
+                    if all((f, v) in other for other in pairs[1:]))
 
 
 def _flag_pairs(flags: str) -> list[tuple[str, str]]:
     words = shlex.split(flags)
-    pairs = []
-    for i, word in enumerate(words):
-        if word.startswith("--"):
-            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else ""
-            pairs.append((word, value))
-    return pairs
+    return [(w, words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "")
+            for i, w in enumerate(words) if w.startswith("--")]
 
 
 def _recovery_groups(times: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
@@ -511,18 +485,23 @@ def _recovery_groups(times: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]
     return groups
 
 
+def _ints(values: pd.Series) -> str:
+    lo, hi = int(values.min()), int(values.max())
+    return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
+
 def recovery_table(df: pd.DataFrame) -> pd.DataFrame:
-    """A row per setup and signal: recovery times, what the dead worker held
-    at the signal, and whether each held job completed exactly once."""
+    """A row per setup and signal."""
     rows = []
     for label, name, g in _recovery_groups(df):
         done = g["held_done_s"].dropna()
         rows.append({
             "setup": label, "signal": name, "trials": len(g),
             "median (s)": g["seconds"].median(), "min (s)": g["seconds"].min(),
-            "max (s)": g["seconds"].max(),
+            "max (s)": g["seconds"].max(), "lease (s)": f"{g['lease'].max():g}",
             "first job started, median (s)": g["started_s"].median(),
             "held at the signal": _ints(g["held_processing"]),
+            "left processing": _ints(g["left_processing"]),
             "last held job done, median (s)": f"{done.median():.3f}" if len(done) else "–",
             "held jobs completed once": f"{int(g['held_completed_once'].sum())} of "
                                         f"{int(g['held_processing'].sum())}",
@@ -530,18 +509,8 @@ def recovery_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _ints(values: pd.Series) -> str:
-    lo, hi = int(values.min()), int(values.max())
-    return f"{lo}" if lo == hi else f"{lo}–{hi}"
-
-
 def _plain(label: str) -> str:
-    """A label for a figure: without the Markdown backticks."""
     return label.replace("`", "")
-
-
-def _median_trial(trials: pd.DataFrame) -> Any:
-    return trials.sort_values("seconds").iloc[len(trials) // 2]["trial"]
 
 
 def recovery_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.Figure:
@@ -552,15 +521,16 @@ def recovery_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.F
     fig, axes = plt.subplots(len(setups), len(signals), figsize=(5.2 * len(signals),
                                                                  2.5 * len(setups)),
                              squeeze=False)
+    groups = {(label, sig): g for label, sig, g in _recovery_groups(times)}
     for row, (_, label) in enumerate(setups):
         for col, name in enumerate(signals):
             ax = axes[row, col]
-            match = [g for lab, sig, g in _recovery_groups(times) if lab == label and sig == name]
-            if not match:
+            if (label, name) not in groups:
                 ax.set_visible(False)
                 continue
-            trials = match[0]
-            setup, trial = trials["setup"].iloc[0], _median_trial(trials)
+            trials = groups[(label, name)]
+            setup = trials["setup"].iloc[0]
+            trial = trials.sort_values("seconds").iloc[len(trials) // 2]["trial"]
             g = timeline[(timeline["setup"] == setup) & (timeline["signal"] == name)
                          & (timeline["trial"] == trial)]
             for worker, color in (("first", "tab:blue"), ("second", "tab:orange")):
@@ -597,177 +567,28 @@ def recovery_times_plot(times: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def recovery_findings(times: pd.DataFrame) -> dict[str, str]:
-    """What the notebook and BENCHMARKS.md say about the recovery figures,
-    every number computed from the trials: "crash", "hang", "rescue" and
-    "left_processing" (empty when the run had no such trials)."""
-    from jobqueue.worker.config import WorkerConfig
-
-    groups = _recovery_groups(times)
-
-    def each(name: str, digits: int) -> str:
-        return "; ".join(f"{label}: {_seconds(g['seconds'], digits)}"
-                         for label, sig, g in groups if sig == name)
-
-    out = {"crash": "", "hang": "", "rescue": "", "left_processing": ""}
-    crash = times[times["signal"] == "SIGKILL"]
-    if len(crash):
-        lease = float(crash["lease"].max())
-        worst = float(crash["seconds"].max())
-        out["crash"] = (
-            f"After a crash (SIGKILL) the standby completed its first job, median (range): "
-            f"{each('SIGKILL', 3)}. It started that job a median "
-            f"{crash['started_s'].median():.3f} s after the signal (all setups, "
-            f"{crash['started_s'].min():.3f}–{crash['started_s'].max():.3f} s): that is the "
-            "takeover; the rest is its first batch running. The slowest crash was recovered in "
-            f"{worst:.3f} s, "
-            f"{lease / worst:,.0f}× less than the {lease:g} s lease: the dead worker's "
-            "connections close, its advisory locks go with them, and the standby, blocked in "
-            "`pg_advisory_lock`, is granted the lock at once.")
-    hang = times[times["signal"] == "SIGSTOP"]
-    if len(hang):
-        lease = float(hang["lease"].iloc[0])
-        tick = WorkerConfig(lease=lease).tick
-        within = hang["seconds"].between(lease - tick, lease + tick).sum()
-        out["hang"] = (
-            f"After a hang (SIGSTOP), with a {lease:g} s lease (the default is "
-            f"{WorkerConfig().lease:g} s): {each('SIGSTOP', 2)}. {within} of {len(hang)} hang "
-            f"trials lie within the lease ± one heartbeat tick ({tick:g} s): the frozen "
-            "worker's connections stay open, so nothing happens until its last heartbeat (up to "
-            "a tick before the freeze) is older than the lease; the standby, checking once a "
-            "tick, then fences it off (terminates its backends) and takes over.")
-    claimed = times[times["path"] == "claimed"]
-    quick = times[times["path"] != "claimed"]
-    if len(claimed):
-        out["rescue"] = _rescue_sentence(claimed, quick)
-    out["left_processing"] = _left_processing_sentence(claimed, quick)
-    return out
-
-
-def _seconds(values: pd.Series, digits: int) -> str:
-    """A median with its range and count: "0.061 s (0.044–0.088 s, 10 trials)"."""
-    if len(values) == 1:
-        return f"{values.iloc[0]:.{digits}f} s (1 trial)"
-    return (f"{values.median():.{digits}f} s ({values.min():.{digits}f}–"
-            f"{values.max():.{digits}f} s, {len(values)} trials)")
-
-
-def _rescue_sentence(claimed: pd.DataFrame, quick: pd.DataFrame) -> str:
-    held = int(claimed["held_processing"].sum())
-    once = int(claimed["held_completed_once"].sum())
-    wrong = int(claimed["completed_not_once"].sum())
-    setups = []
-    # Labelled as among every setup of the run (the flags that set each apart).
-    for key, label in recovery_setups(pd.concat([claimed, quick])):
-        g = claimed[(claimed[RECOVERY_KEYS] == pd.Series(key, index=RECOVERY_KEYS)).all(axis=1)]
-        if not len(g):
-            continue
-        done = [f"{g.loc[g['signal'] == name, 'held_done_s'].median():.3f} s after a {what}"
-                for name, what in (("SIGKILL", "crash"), ("SIGSTOP", "hang"))
-                if (g["signal"] == name).any()]
-        setups.append(f"{label.removeprefix('claimed, ')}: {_ints(g['held_processing'])} in "
-                      f"each of {len(g)} trials, the last of them completed by the standby a "
-                      f"median {' and '.join(done)}")
-    text = ("On the claimed path the dead worker held `processing` jobs at every signal (read "
-            "from the database while it was frozen). " + "; ".join(setups) + ". ")
-    if once == held and wrong == 0:
-        text += (f"Each of the {held} held jobs was completed by the standby exactly once (its "
-                 "handler writes a row per run, in the job's transaction), and none of the "
-                 f"{int(claimed['completed'].sum()):,} jobs completed in these trials ran twice.")
-    else:
-        text += (f"Only {once} of the {held} held jobs were completed by the standby exactly once, "
-                 f"and {wrong} completed jobs did not run exactly once.")
-    if len(quick):
-        most = int(quick["held_processing"].max())
-        text += (" On the quick path the dead worker held "
-                 + ("no `processing` job: its batch was locked inside a transaction that died "
-                    "with it, so there was nothing to put back." if most == 0 else
-                    f"up to {most} `processing` job(s) (a lane claims when jobs run slower "
-                    "than the quick threshold)."))
-    return text
-
-
-def _left_processing_sentence(claimed: pd.DataFrame, quick: pd.DataFrame) -> str:
-    text = ("`left_processing` counts the dead worker's jobs still `processing` when the "
-            "standby completed its first job. ")
-    if not len(claimed):
-        return text + (f"Only quick-path trials ran here, where the dead worker held "
-                       f"{int(quick['held_processing'].max())} at most: a 0 says nothing.")
-    left = int(claimed["left_processing"].max())
-    if left == 0:
-        text += (f"It is 0 in each of the {len(claimed)} claimed-path trials, where the dead "
-                 f"worker had held {_ints(claimed['held_processing'])} at the signal: the standby "
-                 "puts a dead worker's jobs back as it takes over, before its first job.")
-    else:
-        text += (f"It is up to {left} in the claimed-path trials, where the dead worker had held "
-                 f"{_ints(claimed['held_processing'])} at the signal: some were not yet back in "
-                 "the queue when the standby completed its first job.")
-    if len(quick):
-        most = int(quick["held_processing"].max())
-        text += (" On the quick path nothing was `processing` at the signal, so its "
-                 f"{int(quick['left_processing'].max())} there shows no rescue." if most == 0 else
-                 f" On the quick path the dead worker held up to {most} at the signal and left "
-                 f"up to {int(quick['left_processing'].max())}.")
-    return text
-
-
-
-# -- PostgreSQL failover ----------------------------------------------------------------
-
-
 def failover_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The failover trials in one row: medians (and the range of the time to
-    resume), and whether any job was lost or ran twice."""
+    """The failover trials in one row."""
     resume = df["resume_s"]
+    states = ", ".join(sorted(map(str, set(df["replication"])))) if "replication" in df else "?"
     return pd.DataFrame([{
         "trials": len(df), "kill → first job on the new primary, median (s)": resume.median(),
         "min (s)": resume.min(), "max (s)": resume.max(),
         "promotion, median (s)": df["promotion_s"].median(),
+        "promotion, max (s)": df["promotion_s"].max(),
         "kill → promoted, median (s)": df["promoted_s"].median(),
         "promoted → first job, median (s)": df["after_promotion_s"].median(),
+        "replication": states,
         "completed before the kill, kept": f"{int(df['kept_before'].sum()):,} of "
                                            f"{int(df['completed_before'].sum()):,}",
-        "jobs not run exactly once": int(df["completed_not_once"].sum())}])
-
-
-def failover_findings(df: pd.DataFrame) -> str:
-    """What the notebook and BENCHMARKS.md say about the failover trials,
-    every number computed from them."""
-    from jobqueue.errors import Backoff
-
-    resume, promotion = df["resume_s"], df["promotion_s"]
-    text = (f"From the primary's SIGKILL to the first job completed on the promoted standby: "
-            f"{_seconds(resume, 3)}. The promotion itself (`pg_promote` until the standby takes "
-            f"writes) took {_seconds(promotion, 3)}; the rest, "
-            f"{df['after_promotion_s'].median():.3f} s at the median after the promotion, is the "
-            f"worker: its next attempt to reconnect (it backs off from {Backoff().first:g} s), "
-            "a new life on the "
-            "new primary (the connections, its registration, the rescue) and its first batch. "
-            "No failover manager ran here: the standby was promoted the moment the primary "
-            "died, so a real one adds its own time to decide.")
-    kept, before = int(df["kept_before"].sum()), int(df["completed_before"].sum())
-    wrong = int(df["completed_not_once"].sum()) + int(df["ran_twice"].sum())
-    total = int(df["completed"].sum())
-    states = sorted(map(str, set(df["replication"]))) if "replication" in df else []
-    how = ("Replication was synchronous (the primary's view of its standby before every kill)"
-           if states == ["sync"] else
-           f"Replication, as the primary saw its standby: {', '.join(states) or 'not recorded'}")
-    if kept == before and wrong == 0 and total == int(df["jobs"].sum()):
-        text += (f" {how}: each of the {before:,} jobs completed before a "
-                 "kill was still completed on the new primary, at the same instant (none ran "
-                 f"again), and all {total:,} jobs of the trials completed, each run exactly once "
-                 "(a row per run, written in the job's transaction).")
-    else:
-        text += (f" {how}. Of the {before:,} jobs completed before a kill, {kept:,} were still "
-                 f"so on the new primary; {total:,} of {int(df['jobs'].sum()):,} jobs completed, "
-                 f"and {wrong} did not run exactly once.")
-    return text
+        "jobs completed": f"{int(df['completed'].sum()):,} of {int(df['jobs'].sum()):,}",
+        "jobs not run exactly once": int(df["completed_not_once"].sum()),
+        "ran twice": int(df["ran_twice"].sum())}])
 
 
 def failover_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.Figure:
-    """The trial with the median time to resume: jobs completed per 100 ms,
-    on the old primary and then on the new one, the kill at 0 s and the end
-    of the promotion marked."""
+    """The trial with the median time to resume: jobs completed per 100 ms on
+    the old primary and the new one, the kill at 0 s and the promotion marked."""
     trial = times.sort_values("resume_s").iloc[len(times) // 2]
     g = timeline[timeline["trial"] == trial["trial"]]
     fig, ax = plt.subplots(figsize=(6.4, 2.8))
@@ -785,17 +606,16 @@ def failover_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.F
     fig.tight_layout()
     return fig
 
+
 # -- beside the peers -----------------------------------------------------------------
 
 #: One colour per system in every comparison figure.
 SYSTEM_COLORS = {"jobqueue": "tab:blue", "pgqueuer": "tab:orange",
                  "procrastinate": "tab:green", "oban-py": "tab:brown",
-                 "graphile-worker": "tab:purple",
-                 "course design": "tab:gray"}
+                 "graphile-worker": "tab:purple", "course design": "tab:gray"}
 SYSTEM_NAMES = {"jobqueue": "jobqueue", "pgqueuer": "PgQueuer",
                 "procrastinate": "Procrastinate", "oban-py": "oban-py",
-                "graphile-worker": "graphile-worker",
-                "course design": "course design"}
+                "graphile-worker": "graphile-worker", "course design": "course design"}
 #: What each drain's jobs do, as headings and titles say it.
 WORKLOADS = {"noop": "no-op jobs",
              "write_row": "jobs that INSERT one row (write_row)",
@@ -803,7 +623,8 @@ WORKLOADS = {"noop": "no-op jobs",
 _SETUP = ["system", "settings", "workers", "n"]
 
 
-def _system_order(df: pd.DataFrame) -> list[str]:
+def systems(df: pd.DataFrame) -> list[str]:
+    """The systems of a results file, in the order the figures colour them."""
     return [s for s in SYSTEM_COLORS if s in set(df["system"])]
 
 
@@ -818,9 +639,7 @@ def usual_n(df: pd.DataFrame) -> int:
 
 
 def peer_drain_spread(df: pd.DataFrame) -> pd.DataFrame:
-    """Median, min and max jobs/s per setup (system, settings, processes, n),
-    with its `preset` and the largest resident memory any worker process
-    reached (where it was sampled), in the order the setups ran."""
+    """`spread` of jobs/s per setup, in the order the setups ran."""
     df = df.assign(preset=df["preset"].fillna("") if "preset" in df.columns else "")
     s = spread(df, _SETUP, "jobs_per_sec")
     extra = df.groupby(_SETUP).agg(preset=("preset", "first"), seconds=("seconds", "median"))
@@ -829,16 +648,14 @@ def peer_drain_spread(df: pd.DataFrame) -> pd.DataFrame:
     if "workers_used" in df.columns:
         extra["workers_used_min"] = df.groupby(_SETUP)["workers_used"].min()
     s = s.merge(extra.reset_index(), on=_SETUP, how="left")
-    keys = list(zip(*(df[c] for c in _SETUP), strict=True))
-    order = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    order = {key: i for i, key in enumerate(dict.fromkeys(zip(*(df[c] for c in _SETUP),
+                                                              strict=True)))}
     s["order"] = [order[k] for k in zip(*(s[c] for c in _SETUP), strict=True)]
     return s.sort_values("order").drop(columns="order").reset_index(drop=True)
 
 
 def peer_drain_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Drain throughput of every setup: processes, jobs drained, median jobs/s
-    (min–max over the rounds), how long its drains lasted (flagged under
-    `MIN_DRAIN_SECONDS`, too short to be a measurement) and the peak RSS."""
+    """Every setup's drains, flagged under MIN_DRAIN_SECONDS (too short to measure)."""
     s = peer_drain_spread(df)
     table = pd.DataFrame({"system": s["system"].map(SYSTEM_NAMES), "settings": s["settings"],
                           "processes": s["workers"], "n": s["n"],
@@ -846,28 +663,11 @@ def peer_drain_table(df: pd.DataFrame) -> pd.DataFrame:
                           "drain (s, median)": s["seconds"].map(
                               lambda v: f"{v:.1f}" + (" (short)" if v < MIN_DRAIN_SECONDS
                                                       else ""))})
-    if "workers_used_min" in s.columns:  # recorded by jobqueue's drains (its jobs' worker_id)
-        table["fewest processes that took jobs"] = s["workers_used_min"].map(
-            lambda v: "–" if pd.isna(v) else f"{v:.0f}")
-    if "rss_peak_mib" in s.columns:
-        table["peak RSS (MiB)"] = s["rss_peak_mib"].map(
-            lambda v: "–" if pd.isna(v) else f"{v:.0f}")
+    for column, name in (("workers_used_min", "fewest processes that took jobs"),
+                         ("rss_peak_mib", "peak RSS (MiB)")):
+        if column in s.columns:  # workers_used: jobqueue's drains record it (worker_id)
+            table[name] = s[column].map(lambda v: _ms(v, ".0f"))
     return table
-
-
-def peer_best_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Each system at its best measured setting (highest median), and how
-    many times faster jobqueue's best drained than that."""
-    s = peer_drain_spread(df)
-    best = s.loc[s.groupby("system")["median"].idxmax()].copy()
-    best["o"] = best["system"].map(list(SYSTEM_COLORS).index)
-    best = best.sort_values("o").reset_index(drop=True)
-    ours = best[best["system"] == "jobqueue"]["median"]
-    return pd.DataFrame({"system": best["system"].map(SYSTEM_NAMES),
-                         "best setting": best["settings"], "processes": best["workers"],
-                         "n": best["n"], f"{RATE} (median)": best["median"].round(0),
-                         "jobqueue's best ÷ this": (ours.iloc[0] / best["median"]).round(2)
-                         if len(ours) else float("nan")})
 
 
 _JOBQUEUE_LABEL = re.compile(
@@ -877,9 +677,8 @@ _JOBQUEUE_LABEL = re.compile(
 
 def short_settings(settings: str) -> str:
     """A jobqueue label without its command line, for a figure's axis
-    (`scenarios.worker_label`'s `(`jobqueue worker --import m --shared` × 2): …`
-    → `--shared × 2: …`; no flag but `--import`: `CLI defaults: …`). Other
-    systems' labels are short already."""
+    (`(`jobqueue worker --import m --shared` × 2): …` → `--shared × 2: …`;
+    no flag but `--import`: `CLI defaults: …`). Other systems' unchanged."""
     match = _JOBQUEUE_LABEL.match(settings)
     if match is None:
         return settings
@@ -890,10 +689,8 @@ def short_settings(settings: str) -> str:
 
 
 def plain_settings(settings: str) -> str:
-    """A jobqueue label as a sentence quotes it: the command line and what it
-    runs with, without the "CLI defaults, as in the README" the sentence says
-    itself (`jobqueue worker --import m` × 2: 2 lanes each, …). Other systems'
-    labels unchanged."""
+    """A jobqueue label as a list quotes it: its command line and what it
+    runs with (`jobqueue worker --import m` × 2: 2 lanes each, …)."""
     match = _JOBQUEUE_LABEL.match(settings)
     if match is None:
         return settings
@@ -921,13 +718,10 @@ def peer_drain_plot(df: pd.DataFrame) -> plt.Figure:
 
 
 def peer_latency_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """Each setup's runs at each rate, their medians: the rate asked for and
-    achieved, the jobs counted (after the warm-up), the quantiles (NaN where
-    a run's sample does not carry them) and the flags (`rate_met`, `kept_up`:
-    false if any run's was)."""
+    """Medians of each setup's runs at each rate; `rate_met`, `kept_up` false if any run's was."""
     keys = ["rate", "system", "settings"]
     cols = [c for c in df.columns if c.endswith("_ms") or c in (
-        "achieved_rate", "completed_rate", "jobs", "warmup_s")]
+        "achieved_rate", "completed_rate", "jobs", "warmup_s", "seconds")]
     med = df.groupby(keys, sort=False)[cols].median().reset_index()
     flags = df.groupby(keys, sort=False).agg(
         runs=("run", "size"), rate_met=("rate_met", "all"),
@@ -947,16 +741,17 @@ def latency_flag(row: pd.Series) -> str:
 
 
 def peer_latency_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per rate and setup: the rate asked for and achieved with its flag, the
-    jobs counted, p50, p99 and p99.9 to start and to completion ("–" where
-    the sample does not carry that percentile); medians over the runs."""
+    """Per rate and setup ("–" where the sample does not carry a percentile)."""
     med = peer_latency_runs(df)
     table = pd.DataFrame({
         "arrivals asked (jobs/s)": med["rate"], "system": med["system"].map(SYSTEM_NAMES),
         "settings": med["settings"].map(short_settings),
         "achieved (jobs/s)": med["achieved_rate"].round(0),
-        "rate": med.apply(latency_flag, axis=1), "runs": med["runs"],
-        "jobs counted": med["jobs"].astype(int)})
+        "rate": med.apply(latency_flag, axis=1), "runs": med["runs"]})
+    for column, name in (("warmup_s", "warm-up left out (s)"), ("seconds", "counted (s)")):
+        if column in med:
+            table[name] = med[column].map(lambda v: f"{v:g}")
+    table["jobs counted"] = med["jobs"].astype(int)
     for what, prefix in (("start", "start_"), ("completion", "complete_")):
         for q in ("50", "99", "99_9"):
             column = f"{prefix}p{q}_ms"
@@ -966,25 +761,24 @@ def peer_latency_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def peer_latency_plot(df: pd.DataFrame) -> plt.Figure:
-    """p50 (circles) and p99 (squares, where carried) against the rate the
-    producer achieved, to start and to completion, one colour per system;
-    hollow markers flag a run whose asked rate was not met or which fell
-    behind."""
+    """p50 (circles) and p99 (squares) against the rate achieved, to start
+    and to completion; hollow markers flag a rate not met or a system that
+    fell behind."""
     med = peer_latency_runs(df)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, (what, prefix) in zip(axes, (("start", "start_"), ("completion", "complete_")),
                                   strict=True):
-        for system in _system_order(med):
+        for system in systems(med):
             g = med[med["system"] == system]
             color = SYSTEM_COLORS[system]
+            ok = g["rate_met"] & g["kept_up"]
             for q, marker, style in (("50", "o", "-"), ("99", "s", "--")):
-                ax.plot(g["achieved_rate"], g[f"{prefix}p{q}_ms"], style, color=color,
+                y = g[f"{prefix}p{q}_ms"]
+                ax.plot(g["achieved_rate"], y, style, color=color,
                         label=f"{SYSTEM_NAMES[system]} p{q}")
-                ok = g["rate_met"] & g["kept_up"]
-                ax.scatter(g["achieved_rate"][ok], g[f"{prefix}p{q}_ms"][ok], marker=marker,
-                           color=color)
-                ax.scatter(g["achieved_rate"][~ok], g[f"{prefix}p{q}_ms"][~ok], marker=marker,
-                           facecolors="none", edgecolors=color)
+                ax.scatter(g["achieved_rate"][ok], y[ok], marker=marker, color=color)
+                ax.scatter(g["achieved_rate"][~ok], y[~ok], marker=marker, facecolors="none",
+                           edgecolors=color)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("arrival rate achieved (jobs/s, open loop; hollow: rate not met or "
@@ -1004,25 +798,20 @@ def peer_latency_cdf(samples: pd.DataFrame, rate: float | None = None) -> plt.Fi
     rate = rate if rate is not None else rates[len(rates) // 2]
     at = samples[samples["rate"] == rate]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for system in _system_order(at):
+    for system in systems(at):
         values = at[at["system"] == system]["to_complete_ms"].sort_values()
         share = [(i + 1) / len(values) for i in range(len(values))]
         ax.step(values.clip(lower=0.01), share, where="post", color=SYSTEM_COLORS[system],
                 label=SYSTEM_NAMES[system])
     ax.set_xscale("log")
-    ax.set_xlabel("enqueue → completion recorded (ms)")
-    ax.set_ylabel("share of jobs")
-    ax.set_title(f"Latency distribution, arrivals asked at {rate:g} jobs/s "
-                 "(the table gives the rate achieved)", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "enqueue → completion recorded (ms)", "share of jobs",
+                   f"Latency distribution, arrivals asked at {rate:g} jobs/s "
+                   "(the table gives the rate achieved)", fontsize=9)
 
 
 def peer_memory_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Resident memory of one worker at the start and end of a long drain,
-    its peak, and the change per 10,000 jobs (comparable where n differ)."""
+    """One worker's memory over a long drain, per 10,000 jobs where n differ."""
     return pd.DataFrame({
         "system": df["system"].map(SYSTEM_NAMES), "settings": df["settings"].map(short_settings),
         "jobs drained": df["n"], f"{RATE}": df["jobs_per_sec"].round(0),
@@ -1033,11 +822,10 @@ def peer_memory_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def peer_memory_plot(timeline: pd.DataFrame) -> plt.Figure:
-    """Each worker's RSS over its drain, against the share of the drain done
-    (t / the drain's length; readings inside the drain), so that drains of
-    different n share one axis; the legend gives each n."""
+    """Each worker's RSS over its drain, against the share of the drain done,
+    so that drains of different n share one axis."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    for system in _system_order(timeline):
+    for system in systems(timeline):
         g = timeline[timeline["system"] == system]
         total = float(g["drain_seconds"].iloc[0])
         g = g[(g["t"] >= 0) & (g["t"] <= total)]
@@ -1047,10 +835,197 @@ def peer_memory_plot(timeline: pd.DataFrame) -> plt.Figure:
                       f"{short_settings(str(g['settings'].iloc[0])) if len(g) else ''})")
     ax.set_ylim(bottom=0)
     ax.set_xlim(0, 100)
-    ax.set_xlabel("share of the drain done (%, from the first claim to the last completion)")
-    ax.set_ylabel("worker resident memory (MiB)")
-    ax.set_title("One worker's memory while it drains")
-    ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
+    return _finish(fig, ax, "share of the drain done (%, from the first claim to the last "
+                   "completion)", "worker resident memory (MiB)",
+                   "One worker's memory while it drains")
+
+
+# -- under pressure: vacuum held back ---------------------------------------------
+
+#: The issue's goal: with the horizon pinned for GOAL_PINNED_S at the base
+#: rate, jobqueue's p99 within GOAL_FACTOR × its own baseline and below every
+#: peer's, and back to baseline within GOAL_RECOVERY_S of the release.
+GOAL_PINNED_S = 600.0
+GOAL_FACTOR = 3.0
+GOAL_RECOVERY_S = 30.0
+
+
+def system_rows(df: pd.DataFrame, system: str) -> pd.DataFrame:
+    """One system's phases, in the order they ran."""
+    return df[df["system"] == system].sort_values("order").reset_index(drop=True)
+
+
+def base_rate_pinned(rows: pd.DataFrame) -> pd.DataFrame:
+    """The phases with the horizon pinned at the base rate: the goal's (a
+    pinned phase of extra load is its own question)."""
+    return rows[rows["pinned"].astype(bool) & rows["load"].isna()]
+
+
+def _release(rows: pd.DataFrame) -> pd.Series | None:
+    """The first phase without a pin after the last one with it."""
+    pinned = rows.index[rows["pinned"].astype(bool)]
+    after = rows.iloc[pinned.max() + 1:] if len(pinned) else rows.iloc[0:0]
+    return None if after.empty else after.iloc[0]
+
+
+def recovery_seconds(timeline: pd.DataFrame, df: pd.DataFrame, system: str) -> float | None:
+    """Seconds from the release to the end of the first window after it
+    whose p99 is within the worst window of the baseline; inf if none is by
+    the end, None where no window carries a p99 to tell by."""
+    rows = system_rows(df, system)
+    release = _release(rows)
+    g = timeline[timeline["system"] == system].sort_values("t")
+    times = sorted(g["t"].unique())
+    if release is None or len(times) < 2:
+        return None
+    step = times[1] - times[0]
+    base = g[(g["t"] + step <= rows.iloc[0]["end_s"])]["complete_p99_ms"].dropna()
+    after = g[g["t"] >= math.floor(release["start_s"] / step) * step]
+    after = after[after["complete_p99_ms"].notna()]
+    if base.empty or after.empty:
+        return None
+    back = after[after["complete_p99_ms"] <= base.max()]
+    return math.inf if back.empty else float(back.iloc[0]["t"] + step - release["start_s"])
+
+
+def _held(row: pd.Series) -> str:
+    parts = (["holder"] if row["holder"] else []) + (
+        [f"{int(row['readers'])} RR readers"] if row["readers"] else [])
+    if not pd.isna(row["load"]):
+        parts.append(f"{row['load']:g}× load" + (f" (of {row['sustained']:,.0f} sustained)"
+                                                  if "sustained" in row else ""))
+    return ", ".join(parts) or "nothing"
+
+
+def _pressure_flags(df: pd.DataFrame, timeline: pd.DataFrame | None) -> pd.Series:
+    """Per row: a load phase capped or fallen behind, jobs left unfinished
+    (latencies then a lower bound) and, on jobqueue's rows, the issue's goal
+    where this run misses it."""
+    flags: dict[Any, list[str]] = {i: [] for i in df.index}
+    for i, r in df.iterrows():
+        if r.get("capped"):
+            flags[i].append("capped at the producer's limit")
+        if r["completed_per_s"] < 0.95 * r["achieved_rate"]:
+            flags[i].append("⚠ fell behind: completed under 95 % of arrivals")
+    for system in systems(df):
+        rows = df[df["system"] == system].sort_values("order")
+        base = rows.iloc[0]
+        if int(base.get("unfinished", 0) or 0):
+            flags[base.name].append(f"⚠ {int(base['unfinished']):,} jobs unfinished at the end: "
+                                    "its latencies are a lower bound")
+        release = _release(rows.reset_index())
+        back = None if timeline is None else recovery_seconds(timeline, df, system)
+        ours = system == "jobqueue"
+        if release is not None and back is not None:
+            flags[release["index"]].append(
+                ("p99 not back to baseline by the end" if math.isinf(back) else
+                 f"p99 back within baseline after {back:,.0f} s")
+                + (f" (goal missed: {GOAL_RECOVERY_S:g} s)" if ours and back > GOAL_RECOVERY_S
+                   else ""))
+        if not ours:
+            continue
+        for i, r in base_rate_pinned(rows).iterrows():
+            if r["complete_p99_ms"] > GOAL_FACTOR * base["complete_p99_ms"]:
+                flags[i].append(f"goal missed: p99 over {GOAL_FACTOR:g}× baseline")
+            peers = df[(df["system"] != system) & (df["phase"] == r["phase"])]
+            if (peers["complete_p99_ms"] <= r["complete_p99_ms"]).any():
+                flags[i].append("goal missed: a peer's p99 is lower")
+    return pd.Series({i: "; ".join(f) for i, f in flags.items()})
+
+
+def pressure_table(df: pd.DataFrame, timeline: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per system and phase, in the run's order."""
+    d = df.sort_values(["system", "order"], key=lambda c: c.map(
+        {s: i for i, s in enumerate(SYSTEM_COLORS)}) if c.name == "system" else c)
+    base = d.groupby("system")["complete_p99_ms"].transform("first")
+    dropped = d["dropped"] if "dropped" in d else pd.Series(0, index=d.index)
+    return pd.DataFrame({
+        "system": d["system"].map(SYSTEM_NAMES), "phase": d["phase"],
+        "s": d["seconds"], "held": d.apply(_held, axis=1),
+        "jobs/s asked": d["rate"].round(0),
+        "achieved": [_count(a) + ("" if met else f" (not met, {_count(n)} dropped)")
+                     for a, met, n in zip(d["achieved_rate"], d.get("rate_met", [True] * len(d)),
+                                          dropped, strict=True)],
+        "completed/s": d["completed_per_s"].round(0),
+        "p50 (ms)": d["complete_p50_ms"].map(_ms), "p99 (ms)": d["complete_p99_ms"].map(_ms),
+        "p99 ÷ baseline": (d["complete_p99_ms"] / base).map(lambda v: _ms(v, ",.1f")),
+        "dead tuples": d["dead_tuples"].map(_count),
+        "dead tuples by table": d["dead_by_table"].fillna("") if "dead_by_table" in d else "",
+        "tables + indexes (MiB)": d["total_mib"].round(1), "indexes (MiB)": d["index_mib"].round(1),
+        "horizon held by": d["horizon"].fillna(""),
+        "top wait events (samples)": d["top_waits"].fillna(""),
+        "flags": _pressure_flags(df, timeline).reindex(d.index)})
+
+
+def probe_table(df: pd.DataFrame) -> pd.DataFrame:
+    """jobqueue's claim at each phase's end: EXPLAIN (ANALYZE, BUFFERS) of `take`
+    from a lane's floor (what the worker sends) and from the front (a life's
+    first claim), and of a lane's write to the batch ledger."""
+    d = df[df["system"] == "jobqueue"].sort_values("order")
+    if d.empty or "take_buffers" not in d:
+        return pd.DataFrame()
+
+    def column(name: str) -> pd.Series:
+        return d.get(name, pd.Series(math.nan, index=d.index))
+
+    def ms(values: pd.Series) -> pd.Series:
+        return values.map(lambda v: _ms(v, ",.2f"))
+
+    return pd.DataFrame({"phase": d["phase"], "dead tuples": d["dead_tuples"].map(_count),
+                         "take from the floor: buffers": d["take_buffers"].map(_count),
+                         "ms": ms(d["take_ms"]),
+                         "take from the front: buffers": column("front_buffers").map(_count),
+                         "ms ": ms(column("front_ms")),
+                         "ledger write: buffers": column("ledger_buffers").map(_count),
+                         "job p50 (ms)": d["complete_p50_ms"].map(_ms)})
+
+
+def waits_table(waits: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    """The most frequent wait events per system and phase."""
+    rows = []
+    for (system, phase), g in waits.groupby(["system", "phase"], sort=False):
+        g = g.sort_values("count", ascending=False).head(top)
+        rows.append({"system": SYSTEM_NAMES.get(str(system), system), "phase": phase,
+                     "wait events (samples)": ", ".join(
+                         f"{w} {int(n)}" for w, n in zip(g["wait"], g["count"], strict=True))})
+    return pd.DataFrame(rows, columns=["system", "phase", "wait events (samples)"])
+
+
+def _bands(ax: Any, phases: pd.DataFrame, label: bool) -> None:
+    for _, p in phases.iterrows():
+        if p["pinned"]:
+            ax.axvspan(p["start_s"], p["end_s"], color="tab:red",
+                       alpha=0.06 + 0.06 * bool(p["readers"]) + 0.06 * (not pd.isna(p["load"])))
+        if label:
+            ax.text((p["start_s"] + p["end_s"]) / 2, 1.0, p["phase"], ha="center", va="bottom",
+                    fontsize=8, transform=ax.get_xaxis_transform())
+
+
+def pressure_plot(timeline: pd.DataFrame, df: pd.DataFrame) -> plt.Figure:
+    """p99 (solid) and p50 (dotted) enqueue → completion per window, and the
+    dead tuples in each system's tables, over the run; the phases as bands
+    (shaded while something holds the horizon, darker with readers and load)."""
+    fig, (lat, dead) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    first = system_rows(df, systems(df)[0])
+    times = sorted(timeline["t"].unique())
+    step = times[1] - times[0] if len(times) > 1 else 1.0
+    for system in systems(timeline):
+        g = timeline[timeline["system"] == system].sort_values("t")
+        color, name = SYSTEM_COLORS[system], SYSTEM_NAMES[system]
+        mid = g["t"] + step / 2
+        lat.plot(mid, g["complete_p99_ms"], color=color, label=f"{name} p99")
+        lat.plot(mid, g["complete_p50_ms"], ":", color=color, label=f"{name} p50")
+        dead.plot(mid, g["dead_tuples"], color=color, label=name)
+    _bands(lat, first, label=True)
+    _bands(dead, first, label=False)
+    lat.set_yscale("log")
+    lat.set_ylabel("enqueue → completion (ms)")
+    lat.legend(fontsize=7, ncol=3)
+    dead.set_ylabel("dead tuples (its tables)")
+    dead.set_xlabel(f"seconds into the run (windows of {step:g} s)")
+    dead.legend(fontsize=7)
+    for ax in (lat, dead):
+        ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig

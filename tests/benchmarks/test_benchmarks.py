@@ -105,23 +105,10 @@ def test_the_report_renders_each_workload_from_small_csvs(tmp_path: Path) -> Non
     # The headline table opens the document: the three drains, each peer's best.
     glance = text[text.index("## At a glance"):text.index("## Setup")]
     assert glance.count("| drain, ") == 9 and "| 5.00 |" in glance  # 32,000 ÷ 6,400
-    assert text.count(report.PER_JOB_COMMITS) == 1  # under the no-op drains only
+    assert text.count(report.note("per_job_commits")) == 1  # under the no-op drains only
     assert "| graphile-worker | concurrency 24, 4 processes, perfTest configuration | 4 |" in text
     for figure in ("comparison_drain", "comparison_write_row", "comparison_process_payment"):
         assert (tmp_path / f"{figure}.png").stat().st_size > 0
-
-
-def test_the_report_names_a_checkpoint_only_the_biggest_drain_spans() -> None:
-    import pandas as pd
-
-    from jobqueue.benchmarks.report import _checkpoint_sentence
-
-    sizes = pd.DataFrame({"n": [10_000, 1_000_000], "wal_mib": [6.0, 700.0],
-                          "full_page_images": [7, 15_690], "checkpoints": [0, 1]})
-    sentence = _checkpoint_sentence(sizes, 1_000_000)
-    assert "1,000,000 jobs writes 700 MiB" in sentence and "15,690 full-page images" in sentence
-    assert _checkpoint_sentence(sizes.assign(checkpoints=[1, 1]), 1_000_000) == ""
-    assert _checkpoint_sentence(sizes.drop(columns="checkpoints"), 1_000_000) == ""
 
 
 @pytest.mark.serial  # it measures a schedule: another test's load beside it skews the clock
@@ -196,18 +183,17 @@ async def test_the_ceiling_measures_every_row(server_url: str, tmp_path: Path) -
         assert row["wall_us"] > 0 and row["client_cpu_us"] > 0 and row["jobs_per_sec"] > 0
         assert row["n"] in (30, 100) and row["repeat"] == 2
     assert "lane session, isolated" in ceiling.table(rows)
-    # BENCHMARKS.md's section, from the saved rows: the table and the sentence
-    # computed from them.
+    # BENCHMARKS.md's section, from the saved rows.
     path = save(rows, "ceiling", {"event_loop": "uvloop"})
     path.rename(tmp_path / path.name)
     text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
     section = text.split("## Where a job's time goes", 1)[1]
     plain = next(r for r in rows if r["name"] == "lane session, plain")
-    assert f"{plain['wall_us']:,.0f} µs through the lane's session" in section
+    assert f"| lane session, plain | {plain['what']} | {plain['wall_us']:,.1f} |" in section
     assert "| lane session, isolated |" in section and "event loop: uvloop" in section
 
 
-# -- drains long enough to measure, workers that took part, computed sentences ------
+# -- drains long enough to measure, workers that took part, flags ------------------
 
 
 @pytest.mark.serial  # "40 jobs drain in well under 0.25 s" needs the machine to itself
@@ -243,8 +229,6 @@ def _matrix(cells: dict[tuple[str, int, int], list[tuple[float, int, float]]]):
 
 
 def test_no_best_claim_from_a_run_where_a_worker_sat_out() -> None:
-    from jobqueue.benchmarks.report import throughput_findings
-
     df = _matrix({
         ("exclusive", 1, 1): [(900, 1, 2.0), (880, 1, 2.1), (910, 1, 2.0)],
         ("exclusive", 2, 1): [(600, 1, 2.5), (580, 1, 2.6), (615, 1, 2.4)],
@@ -263,20 +247,11 @@ def test_no_best_claim_from_a_run_where_a_worker_sat_out() -> None:
     late = _matrix({("shared", 2, 100): [(20_000, 2, 1.5)]}).assign(start_skew_s=0.5)
     assert "a worker joined after 10% of the drain (1 of 1 runs)" in plots.throughput_table(
         late)["flags"].iloc[0]
-    assert plots.best_setting(late) is None
-    assert plots.best_setting(late.assign(start_skew_s=0.05)) is not None
-    best = plots.best_setting(df)
-    assert best is not None and (best["mode"], best["workers"], best["batch_size"]) == (
-        "shared", 1, 1000)
-    text = "\n".join(throughput_findings(df))
-    assert "fastest setting whose drains all lasted 1 s or more" in text
-    assert "shared mode, 1 worker, batch 1,000, 32,000 jobs/s" in text
-    assert "higher medians came only from flagged settings (shared mode, 2 workers, batch " \
-           "1,000: 41,000)" in text
-    # Two exclusive processes at batch 1 are slower, and the sentence says so.
-    assert "exclusive mode, 2 processes against one: 0.67× at batch 1 (slower)" in text
-    assert "as fast as" not in text
-    assert "one process took every job in every run" in text
+    assert plots.BEST_FLAG not in " ".join(plots.throughput_table(late)["flags"])
+    assert plots.BEST_FLAG in plots.throughput_table(late.assign(start_skew_s=0.05))["flags"][0]
+    # The fastest median is flagged: the best is the fastest setting without a flag.
+    best = table[table["flags"].str.contains(plots.BEST_FLAG)]
+    assert list(best.index) == [("shared", 1, 1000)]
 
 
 async def test_a_drain_reports_the_workers_that_took_part(bench_url: str) -> None:
@@ -289,23 +264,19 @@ async def test_a_drain_reports_the_workers_that_took_part(bench_url: str) -> Non
     assert flagged == (row["workers_used"] < 2)
 
 
-def test_work_and_soak_findings_follow_the_data() -> None:
+def test_the_soak_is_flagged_where_it_climbs() -> None:
     import pandas as pd
 
-
-    matrix = _matrix({("shared", 1, 100): [(25_518, 1, 1.5)] * 3})
-    work = _matrix({("shared", 1, 100): [(677, 1, 1.5)] * 3}).assign(
-        handler="write_row", concurrency=1)
-    text = " ".join(report.work_findings(work, matrix))
-    assert "drains 677 jobs/s against 25,518 for no-op jobs" in text
-    assert "37.7× slower" in text and "costs little" not in text
     summary = {"rate": 1000, "seconds": 120, "keep_seconds": 30, "dead_peak_middle": 63_654.0,
-               "dead_peak_last": 72_695.0, "table_mib_middle": 11.0, "table_mib_end": 11.4,
-               "autovacuums": 13, "rss_mib_start": 54.8, "rss_mib_end": 54.9}
-    findings = " ".join(report.soak_findings(pd.Series(summary)))
-    assert "a saw-tooth, not a climb" in findings  # 72,695 is under 1.5 × 63,654
-    climbing = pd.Series({**summary, "dead_peak_last": 120_000.0})
-    assert "still climbing" in " ".join(report.soak_findings(climbing))
+               "dead_peak_last": 72_695.0, "live_peak_last": 30_000.0, "table_mib_middle": 11.0,
+               "table_mib_end": 11.4, "autovacuums": 13, "rss_mib_start": 54.8,
+               "rss_mib_end": 54.9}
+    healthy = plots.soak_table(pd.DataFrame([summary]))
+    assert healthy["flags"].iloc[0] == ""  # 72,695 is under 1.5 × 63,654: a saw-tooth
+    climbing = plots.soak_table(pd.DataFrame([{**summary, "dead_peak_last": 120_000.0,
+                                               "table_mib_end": 20.0, "rss_mib_end": 80.0}]))
+    assert climbing["flags"].iloc[0] == ("⚠ dead rows still climbing; ⚠ table still growing; "
+                                         "⚠ worker RSS grew over 10 %")
 
 
 def _latency(rate: float, achieved: float, per_run: int, runs: int = 3):
@@ -322,8 +293,6 @@ def _latency(rate: float, achieved: float, per_run: int, runs: int = 3):
 
 def test_percentiles_only_where_the_samples_carry_them() -> None:
     import pandas as pd
-
-    from jobqueue.benchmarks.report import latency_findings
 
     low = _latency(10, 10.0, per_run=41)          # 3 × 40 counted: p99 yes, p99.9 no
     high = _latency(1000, 1000.0, per_run=401)    # 3 × 400 counted: both
@@ -343,9 +312,7 @@ def test_percentiles_only_where_the_samples_carry_them() -> None:
     assert table.loc[2000, "achieved (jobs/s)"] == "1,558 ⚠ under 95%"
     fig = plots.latency_plot(df, samples)
     assert sorted(fig.axes[0].lines[0].get_xdata()) == [10.0, 1000.0, 1558.0]
-    text = " ".join(latency_findings(df, samples))
-    assert "did not reach 2,000 jobs/s (it kept 1,558)" in text
-    assert "first 1 s of every run is left out as warm-up (9 jobs in all" in text
+    assert table["warm-up left out (s)"].tolist() == ["1", "1", "1"]
 
 
 @pytest.mark.serial  # it measures a schedule: another test's load beside it skews the clock

@@ -327,7 +327,7 @@ async def test_the_report_has_a_peers_section_only_when_it_was_measured(
             await scenarios.close_bench(name)
 
     text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
-    assert "each setup ran once at each rate" in text  # one run each: no "medians over runs"
+    assert "| warm-up left out (s) | counted (s) |" in text  # said by the latency table
     assert "Configuration of each system, as run here and as its documentation advises" in text
     assert "change per 10,000 jobs (MiB)" in text  # the memory table
     for heading in ("## Beside its peers", "### Draining 100 no-op jobs",

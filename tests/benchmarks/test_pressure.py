@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from jobqueue import db
-from jobqueue.benchmarks import load, peers, pressure, pressure_report, save, scenarios
+from jobqueue.benchmarks import load, peers, plots, pressure, save, scenarios
 from jobqueue.benchmarks.report import render
 from jobqueue.ops import horizon
 from jobqueue.testing import wait_for
@@ -99,8 +99,8 @@ async def test_a_run_pins_the_horizon_only_while_its_holder_and_readers_are_ther
     save(rows, "pressure", context)
     save(result["timeline"], "pressure_timeline", context)
     text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
-    assert "## Under pressure" in text and "holder 2 s (holder)" in text
-    assert "The issue's goal for jobqueue" in text
+    assert "## Under pressure" in text and "| jobqueue | holder | 2" in text
+    assert "issue's goal for jobqueue" in text
     assert (tmp_path / "pressure.png").stat().st_size > 0
 
 
@@ -136,28 +136,29 @@ async def test_a_producer_that_falls_behind_drops_arrivals_rather_than_sending_t
 
 def test_the_goal_is_judged_at_the_base_rate_and_the_load_phase_said_apart() -> None:
     """The goal is p99 within 3× baseline while pinned at 500 jobs/s: the
-    pinned phase of extra load is reported beside it, not judged with it."""
+    pinned phase of extra load is shown beside it, not judged with it."""
     import pandas as pd
-
-    from jobqueue.benchmarks import pressure_report
 
     def row(order: int, phase: str, p99: float, pinned: bool, load: float | None = None
             ) -> dict[str, Any]:
         return {"system": "jobqueue", "order": order, "phase": phase, "seconds": 300.0,
                 "start_s": 300.0 * (order - 1), "end_s": 300.0 * order,
                 "pinned": pinned, "load": load, "rate": 500.0 * (load or 1),
-                "arrivals": 150_000 * (load or 1), "complete_p99_ms": p99}
+                "arrivals": 150_000 * (load or 1), "complete_p99_ms": p99,
+                "achieved_rate": 500.0 * (load or 1), "completed_per_s": 500.0 * (load or 1)}
 
     df = pd.DataFrame([row(1, "baseline", 10.0, False), row(2, "readers", 25.0, True),
                        row(3, "load", 90.0, True, 2.0), row(4, "recovery", 11.0, False)])
     timeline = pd.DataFrame([{"system": "jobqueue", "t": t, "phase": p, "complete_p99_ms": 9.0}
                              for t, p in ((0, "baseline"), (5, "baseline"), (900, "recovery"),
                                           (905, "recovery"))])
-    text = "\n".join(pressure_report.goal_lines(df, timeline))
-    assert "worst 25.0 ms in readers against 10.0 ms, 2.5×: met" in text, text
-    assert "2× load (1,000 jobs/s): p99 90.0 ms, 9.0× the baseline's" in text, text
-    df.loc[1, "complete_p99_ms"] = 31.0
-    assert "3.1×: not met" in "\n".join(pressure_report.goal_lines(df, timeline))
+    flags = plots._pressure_flags(df, timeline)
+    assert flags.tolist() == ["", "", "", "p99 back within baseline after 5 s"], flags
+    df.loc[1, "complete_p99_ms"] = 31.0  # 3.1× the baseline's
+    assert plots._pressure_flags(df, timeline)[1] == "goal missed: p99 over 3× baseline"
+    late = timeline.assign(complete_p99_ms=[9.0, 9.0, 50.0, 50.0])
+    assert plots._pressure_flags(df, late)[3] == (
+        "p99 not back to baseline by the end (goal missed: 30 s)")
 
 
 async def test_a_system_that_fails_leaves_the_systems_before_it_kept(bench_url: str) -> None:
@@ -187,5 +188,5 @@ def test_a_run_that_saw_no_wait_event_still_reads_back() -> None:
     save([], "test_pressure_waits", {}, pressure.WAIT_COLUMNS)
     waits, _ = load("test_pressure_waits")
     assert list(waits.columns) == list(pressure.WAIT_COLUMNS)
-    table = pressure_report.waits_table(waits)
+    table = plots.waits_table(waits)
     assert table.empty and "wait events (samples)" in table.columns

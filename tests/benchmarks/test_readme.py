@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jobqueue.benchmarks import headline, readme, report, save
+from jobqueue.benchmarks import readme, report, save
 from tests.benchmarks.test_benchmarks import _rows
 
 
@@ -28,7 +28,7 @@ def test_the_summary_opens_with_the_headline_table(tmp_path: Path) -> None:
                                   "jobqueue shared": 4_500, "pgqueuer 2": 2_000})
     text = readme.summary(results)
     assert text.startswith(readme.START) and text.endswith(readme.END)
-    assert headline.LEGEND in text
+    assert report.LEGEND in text
     rows = [line for line in text.splitlines() if line.startswith("| drain")]
     # jobqueue at its CLI defaults (one process) against each peer's best, any process count.
     assert rows[0].startswith("| drain, noop (jobs/s) | 32,000 | PgQueuer: 6,400 (batch 500, "
@@ -52,9 +52,9 @@ def test_the_headline_leads_invert_for_latency(tmp_path: Path) -> None:
                 ("oban-py", "limit 10, 1 process", 5.0, 9.0, False))]
     path = save(rows, "comparison_latency", {"cpu": "test"})
     path.rename(tmp_path / path.name)
-    table = headline.table(tmp_path)
+    table = report.headline_table(tmp_path)
     leads = dict(zip(table["workload"] + " " + table["peer"].str.split(":").str[0],
-                     table[headline.LEAD], strict=True))
+                     table[report.LEAD], strict=True))
     assert leads["enqueue → completion p50 at 100 jobs/s (ms) PgQueuer"] == 1.5
     assert leads["enqueue → completion p50 at 100 jobs/s (ms) oban-py"] == 2.5
     assert leads["enqueue → completion p99 at 100 jobs/s (ms) oban-py"] == 1.5

@@ -92,18 +92,12 @@ def _trials(**changes: object) -> pd.DataFrame:
     return df
 
 
-def test_the_sentences_follow_the_trials() -> None:
-    good = plots.recovery_findings(_trials())
-    assert "`--quick-batch 0`: 10–20 in each of 2 trials" in good["rescue"]
-    assert "Each of the 30 held jobs was completed by the standby exactly once" in good["rescue"]
-    assert "0.080 s" in good["crash"] and "2.10 s (1 trial)" in good["hang"]
-    assert "1 of 1 hang trials lie within the lease" in good["hang"]
-    assert "It is 0 in each of the 2 claimed-path trials" in good["left_processing"]
-    bad = plots.recovery_findings(_trials(held_completed_once=5, left_processing=3))
-    assert "Only 10 of the 30 held jobs" in bad["rescue"]
-    assert "exactly once (its" not in bad["rescue"]
-    assert "up to 3" in bad["left_processing"]
+def test_the_table_follows_the_trials() -> None:
+    bad = plots.recovery_table(_trials(held_completed_once=5, left_processing=3))
+    assert list(bad["held jobs completed once"]) == ["0 of 0", "5 of 20", "5 of 10"]
+    assert list(bad["left processing"]) == ["0", "3", "3"]
     table = plots.recovery_table(_trials())
+    assert list(table["left processing"]) == ["0", "0", "0"]
     assert list(table["setup"]) == ["quick batches, 5 ms jobs",
                                     "claimed, 5 ms jobs, `--quick-batch 0`",
                                     "claimed, 5 ms jobs, `--quick-batch 0`"]
@@ -127,22 +121,18 @@ def _failovers(**changes: object) -> tuple[pd.DataFrame, pd.DataFrame]:
     return times, timeline
 
 
-def test_the_failover_sentences_follow_the_trials() -> None:
+def test_the_failover_table_follows_the_trials() -> None:
     times, timeline = _failovers()
-    good = plots.failover_findings(times)
-    assert "0.400 s (0.300–0.500 s, 3 trials)" in good  # to resume
-    assert "0.120 s (0.100–0.140 s, 3 trials)" in good  # the promotion
-    assert "Replication was synchronous" in good
-    assert "each of the 150 jobs completed before a kill was still completed" in good
-    assert "all 900 jobs of the trials completed, each run exactly once" in good
-    table = plots.failover_table(times)
-    assert table.iloc[0]["completed before the kill, kept"] == "150 of 150"
-    assert table.iloc[0]["kill → first job on the new primary, median (s)"] == 0.4
-    bad = plots.failover_findings(_failovers(kept_before=40, completed_not_once=2,
-                                             replication="async")[0])
-    assert "140 were still so" in bad and "2 did not run exactly once" in bad
-    assert "as the primary saw its standby: async, sync" in bad
-    assert "each run exactly once" not in bad
+    good = plots.failover_table(times).iloc[0]
+    assert good["completed before the kill, kept"] == "150 of 150"
+    assert good["kill → first job on the new primary, median (s)"] == 0.4
+    assert (good["min (s)"], good["max (s)"], good["promotion, max (s)"]) == (0.3, 0.5, 0.14)
+    assert (good["replication"], good["jobs completed"]) == ("sync", "900 of 900")
+    bad = plots.failover_table(_failovers(kept_before=40, completed_not_once=2, ran_twice=1,
+                                          completed=290, replication="async")[0]).iloc[0]
+    assert bad["completed before the kill, kept"] == "140 of 150"
+    assert (bad["jobs not run exactly once"], bad["ran twice"]) == (2, 1)
+    assert (bad["replication"], bad["jobs completed"]) == ("async, sync", "890 of 900")
     figure = plots.failover_timeline_plot(timeline, times)
     assert "0.400 s" in figure.axes[0].get_title()  # the median trial's
     plt.close(figure)
