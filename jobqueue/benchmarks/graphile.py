@@ -95,24 +95,17 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import asyncpg
 
-from jobqueue import db, embedded
-from jobqueue.benchmarks import rss, scenarios
-from jobqueue.benchmarks.peer_worker import (
-    HANDLERS,
-    NOOP,
-    PEER_BENCH_TABLE,
-    PROCESS_PAYMENT,
-    WRITE_ROW,
-)
-from jobqueue.benchmarks.quick import check_bench_name
+from jobqueue import db
+from jobqueue.benchmarks import rss
+from jobqueue.benchmarks.adapter import Drain, Peer, arguments, chunks, connect, processes
+from jobqueue.benchmarks.peer_worker import WRITE_ROW
 from jobqueue.testing import WorkerProcess
 
 logger = logging.getLogger(__name__)
@@ -125,7 +118,6 @@ INSTALL_DIR = CHECKOUT / "bench-results" / "graphile-worker"
 TASKS = Path(__file__).with_name("graphile_tasks")
 SCHEMA = "graphile_worker"
 JOBS = f"{SCHEMA}._private_jobs"
-FILL_CHUNK = 10_000
 SAMPLE_INTERVAL = 0.01
 INSTALL_TIMEOUT = 300.0
 
@@ -140,6 +132,8 @@ PERFTEST_OPTIONS: dict[str, Any] = {
     "completeJobBatchDelay": 0,
     "failJobBatchDelay": 0,
 }
+#: The `preset` column's name for perfTest's whole configuration.
+PERFTEST = "perfTest"
 #: perfTest's environment for its workers: no log line per completed job.
 PERFTEST_ENV = {"NO_LOG_SUCCESS": "1"}
 
@@ -259,35 +253,10 @@ async def _node(folder: Path, args: Sequence[str], env: dict[str, str], cwd: Pat
                            f"{out.decode(errors='replace')[-2000:]}")
 
 
-async def open_graphile(name: str) -> str:
-    """A database of graphile-worker's own (`jobqueue_bench_<name>`,
-    replacing any leftover), its schema installed by graphile-worker itself
-    (`graphile-worker --schema-only`, as perfTest does), plus `bench_rows`
-    for `write_row` and the demo tables for `process_payment`; its URL
-    (SQLAlchemy form, like the other peers'). Pair with
-    `scenarios.close_bench(name)`."""
+async def install_schema(url: str) -> None:
+    """graphile-worker's schema, by graphile-worker itself (`--schema-only`, as perfTest does)."""
     folder = install()
-    database = check_bench_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
-    url = await db.create_database(embedded.database_url(), database, replace=True)
     await _node(folder, ["--schema-only"], {"DATABASE_URL": node_conninfo(url)}, cwd=folder)
-    conn = await db.connect(url, application_name="jobqueue bench")
-    try:
-        await conn.execute(PEER_BENCH_TABLE)
-        await scenarios.create_demo_tables(conn)
-    finally:
-        await conn.close()
-    logger.info("%s %s installed in %s", SYSTEM, VERSION, database)
-    return url
-
-
-@contextlib.asynccontextmanager
-async def graphile_database(name: str) -> AsyncIterator[str]:
-    """`open_graphile` and `scenarios.close_bench` as a context manager."""
-    url = await open_graphile(name)
-    try:
-        yield url
-    finally:
-        await scenarios.close_bench(name)
 
 
 # -- filling --------------------------------------------------------------------------
@@ -312,36 +281,20 @@ class Filled(NamedTuple):
     last: int
 
 
-_VACUUM = (JOBS, f"{SCHEMA}._private_tasks", f"{SCHEMA}._private_job_queues")
-
-
-async def fill(url: str, n: int, handler: str = NOOP) -> Filled:
-    """Empty the jobs table and what the tasks write (`scenarios.reset_writes`),
-    queue n jobs of type `handler` (`process_payment`'s payloads:
-    `scenarios.payments`) with `add_jobs` in chunks of `FILL_CHUNK`, VACUUM
-    ANALYZE, so every run starts alike. Returns the ids queued (see `Filled`)."""
-    if handler not in HANDLERS:
-        raise ValueError(f"unknown handler {handler!r}; one of {HANDLERS}")
+async def fill(url: str, n: int, handler: str) -> Filled:
+    """n jobs of type `handler` queued with `add_jobs` in chunks
+    (`adapter.FILL_CHUNK`) (`process_payment`'s payloads: `scenarios.payments`).
+    Returns the ids queued (see `Filled`)."""
     if n < 1:
         raise ValueError("a drain needs at least one job")
-    payloads: list[str | None] = ([json.dumps(p) for p in scenarios.payments(n)]
-                                  if handler == PROCESS_PAYMENT else [None] * n)
-    conn = await db.connect(url, application_name="jobqueue bench")
-    try:
-        await conn.execute(f"TRUNCATE {JOBS}")
-        await scenarios.reset_writes(conn, handler)
-        chunks = []
-        for start in range(0, n, FILL_CHUNK):
-            count = min(FILL_CHUNK, n - start)
-            row = await conn.fetchrow(_ADD_JOBS, handler, payloads[start:start + count])
-            if row["added"] != count:
-                raise RuntimeError(f"add_jobs queued {row['added']} jobs, expected {count}")
-            chunks.append((int(row["first"]), int(row["last"])))
-        for table in _VACUUM:
-            await conn.execute(f"VACUUM ANALYZE {table}")
-    finally:
-        await conn.close()
-    return Filled(chunks[0][0], chunks[0][1], chunks[-1][1])
+    queued = []
+    async with connect(url) as conn:
+        for chunk in chunks([p if p is None else json.dumps(p) for p in arguments(n, handler)]):
+            row = await conn.fetchrow(_ADD_JOBS, handler, chunk)
+            if row["added"] != len(chunk):
+                raise RuntimeError(f"add_jobs queued {row['added']} jobs, expected {len(chunk)}")
+            queued.append((int(row["first"]), int(row["last"])))
+    return Filled(queued[0][0], queued[0][1], queued[-1][1])
 
 
 # -- draining -------------------------------------------------------------------------
@@ -350,10 +303,9 @@ async def fill(url: str, n: int, handler: str = NOOP) -> Filled:
 def settings(workers: int, concurrency: int) -> str:
     """The label the tables show: the two knobs, and whether the whole setup
     is perfTest's."""
-    procs = f"{workers} process{'es' if workers > 1 else ''}"
     whole = (workers, concurrency) == (PERFTEST_PROCESSES, PERFTEST_CONCURRENCY)
     rest = "perfTest configuration" if whole else "perfTest's other options"
-    return f"concurrency {concurrency}, {procs}, {rest}"
+    return f"concurrency {concurrency}, {processes(workers)}, {rest}"
 
 
 def preset_options(concurrency: int) -> dict[str, Any]:
@@ -425,11 +377,17 @@ async def _watch(conn: asyncpg.Connection, filled: Filled,
         await asyncio.sleep(SAMPLE_INTERVAL)
 
 
-def _process(folder: Path, url: str, run_dir: Path, config: Path, index: int
-             ) -> WorkerProcess:
-    args = (str(cli(folder)), "--once", "--config", str(config))
-    return WorkerProcess(node_conninfo(url), run_dir / f"drain-{index}.log", "node", *args,
-                         cwd=run_dir, command=("-c", rss.EXEC), env=PERFTEST_ENV)
+def _concurrency(args: list[str]) -> int:
+    return int(dict(w.split("=", 1) for w in args)["concurrentJobs"])
+
+
+def _worker(url: str, log: Path, args: list[str], drain: bool) -> WorkerProcess:
+    """`graphile-worker --once` (drain what is runnable, then exit) with its
+    options in a config file of the run's own, beside its log."""
+    config = write_config(log.parent / "graphile.config.cjs", preset_options(_concurrency(args)))
+    return WorkerProcess(node_conninfo(url), log, "node", str(cli(install())), "--once",
+                         "--config", str(config), cwd=log.parent, command=("-c", rss.EXEC),
+                         env=PERFTEST_ENV)
 
 
 async def _check(conn: asyncpg.Connection, n: int, handler: str, filled: Filled,
@@ -449,47 +407,39 @@ async def _check(conn: asyncpg.Connection, n: int, handler: str, filled: Filled,
         raise RuntimeError(f"{SYSTEM} lost or repeated jobs: {written['rows']} rows written "
                            f"for {written['jobs']} distinct jobs ({written['strays']} not "
                            f"queued by this drain), expected {expected}")
-    await scenarios.check_writes(conn, handler, n, SYSTEM)
 
 
-async def drain(url: str, *, n: int, workers: int = 1,
-                concurrency: int = PERFTEST_CONCURRENCY, handler: str = NOOP,
-                timeout: float = 900.0, log_dir: Path | None = None) -> dict[str, Any]:
-    """One drain of graphile-worker: n jobs of type `handler` queued with
-    `add_jobs`, then `workers` processes of `graphile-worker --once` in
-    perfTest's configuration with `concurrency` jobs each; throughput from the
-    first claim to the last completion (timed as the module's docstring
-    says), and each process's RSS. Returns a row shaped like `peers.drain`'s;
-    raises RuntimeError unless every job ran exactly once."""
-    folder = install()
-    filled = await fill(url, n, handler)
-    run_dir = log_dir or Path(tempfile.mkdtemp(prefix="graphile-drain-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    options = preset_options(concurrency)
-    config = write_config(run_dir / "graphile.config.cjs", options)
-    conn = await db.connect(url, application_name="jobqueue bench")
-    procs: list[WorkerProcess] = []
-    watch: asyncio.Task[tuple[float | None, float | None]] | None = None
+async def drained(run: Drain) -> tuple[float, float]:
+    """The processes' exit, timed from outside (`_watch`), every job checked."""
+    watch = asyncio.create_task(_watch(run.conn, run.filled, run.procs))
     try:
-        procs = [_process(folder, url, run_dir, config, i) for i in range(workers)]
-        async with rss.RssSampler(p.pid for p in procs) as sampler:
-            watch = asyncio.create_task(_watch(conn, filled, procs))
-            await asyncio.gather(*(p.finish(timeout) for p in procs))
-            first, last = await asyncio.wait_for(watch, timeout)
-        await _check(conn, n, handler, filled, procs)
+        await asyncio.gather(*(p.finish(run.timeout) for p in run.procs))
+        first, last = await asyncio.wait_for(watch, run.timeout)
     finally:
-        if watch is not None and not watch.done():
+        if not watch.done():
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
-        for p in procs:
-            p.close()
-        await conn.close()
+    await _check(run.conn, run.n, run.handler, run.filled, run.procs)
     if first is None or last is None:
-        raise RuntimeError(f"{SYSTEM}'s drain was not seen to start and end (logs in {run_dir})")
-    seconds = last - first
-    return {"system": SYSTEM, "argv": " ".join(knobs(options)),
-            "settings": settings(workers, int(options["concurrentJobs"])), "n": n,
-            "workers": workers, "batch_size": None, "concurrency": options["concurrentJobs"],
-            "handler": handler, "seconds": seconds, "jobs_per_sec": n / seconds,
-            **rss.summary(sampler.samples, first, last)}
+        raise RuntimeError(f"{SYSTEM}'s drain was not seen to start and end "
+                           f"(logs in {run.procs[0].log_path.parent})")
+    return first, last
+
+
+def _versions() -> dict[str, str]:
+    return {f"{SYSTEM}_version": VERSION, "node": node_version() or "?"}
+
+
+PEER = Peer(
+    system=SYSTEM,
+    label=lambda args, workers: settings(workers, _concurrency(args)),
+    argv=lambda setup, handler: knobs(preset_options(
+        int(setup.get("concurrency", PERFTEST_CONCURRENCY)))),
+    install=install_schema, truncate=f"TRUNCATE {JOBS}",
+    tables=(JOBS, f"{SCHEMA}._private_tasks", f"{SCHEMA}._private_job_queues"),
+    fill=fill, worker=_worker, drained=drained,
+    columns=lambda args: {"batch_size": None, "concurrency": _concurrency(args)},
+    preset=lambda args, workers: PERFTEST if workers == PERFTEST_PROCESSES and args == knobs(
+        preset_options(PERFTEST_CONCURRENCY)) else "",
+    available=available, versions=lambda: _versions() if available() else {})

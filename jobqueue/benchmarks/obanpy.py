@@ -1,6 +1,5 @@
 """oban-py (the `oban` package on PyPI, the Python port of Elixir's Oban) as
-a peer of the comparison benchmark: where it is installed and how its worker
-starts. `peers` holds the rest, as for the other Python peers.
+a peer of the comparison benchmark.
 
 oban-py needs Python 3.12 or newer and jobqueue supports 3.11, so it cannot
 share the lab's virtualenv: `install()` builds one of its own in
@@ -29,8 +28,10 @@ completion was recorded, as for every other system.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -38,6 +39,16 @@ import subprocess
 from pathlib import Path
 
 from jobqueue.benchmarks import rss
+from jobqueue.benchmarks.adapter import (
+    Peer,
+    arguments,
+    chunks,
+    connect,
+    conninfo,
+    libpq_env,
+    logged,
+    processes,
+)
 from jobqueue.benchmarks.peer_worker import NOOP, PROCESS_PAYMENT, WRITE_ROW
 from jobqueue.testing import WorkerProcess
 
@@ -55,7 +66,30 @@ DOCS_LIMIT = 10
 #: The worker class oban-py runs for each of the lab's job types.
 WORKER_NAMES = {NOOP: "bench_oban.Noop", WRITE_ROW: "bench_oban.WriteRow",
                 PROCESS_PAYMENT: "bench_oban.ProcessPayment"}
-
+#: A job run twice would have a second attempt: counted apart.
+DRAIN_SQL = """
+    SELECT count(*) FILTER (WHERE state = 'completed') AS completed,
+           count(*) FILTER (WHERE state = 'completed' AND attempt = 1) AS distinct_completed,
+           count(*) AS total,
+           count(*) FILTER (WHERE state <> 'completed') AS left_in_queue,
+           extract(epoch FROM min(attempted_at)) AS first,
+           extract(epoch FROM max(completed_at)) AS last
+    FROM oban_jobs"""
+#: Nothing left to run: two probes of its (state, queue, …) index.
+DONE_SQL = ("SELECT NOT EXISTS (SELECT FROM oban_jobs WHERE state = 'available')"
+            " AND NOT EXISTS (SELECT FROM oban_jobs WHERE state = 'executing')")
+#: What `Oban.enqueue` sends (`queries/insert_job.sql` of 0.7.0), with its
+#: defaults for what the lab's jobs leave unset: one row, and a NOTIFY that
+#: wakes the producers of its queue.
+INSERT_SQL = """
+    WITH inserted AS (
+        INSERT INTO oban_jobs (args, inserted_at, max_attempts, meta, priority, queue,
+                               scheduled_at, state, tags, worker)
+        VALUES ($1::jsonb, timezone('UTC', now()), 20, '{}', 0, 'default',
+                timezone('UTC', now()), 'available', '{}', $2)
+        RETURNING id, queue)
+    SELECT id, pg_notify('public.oban_insert', '{"queue":"' || queue || '"}')
+    FROM inserted"""
 
 
 def python(folder: Path = INSTALL_DIR) -> Path:
@@ -126,8 +160,7 @@ def python_version() -> str:
 
 
 def worker_argv(limit: int = DOCS_LIMIT) -> list[str]:
-    """`oban start`'s arguments for one queue of `limit` concurrent jobs:
-    the `argv` a run records, and what `limit_of` reads back."""
+    """`oban start`'s arguments for one queue of `limit` concurrent jobs."""
     return ["--queues", f"default:{limit}"]
 
 
@@ -139,27 +172,59 @@ def limit_of(args: list[str]) -> int:
 
 def settings(args: list[str], workers: int) -> str:
     """The label the tables show, read from the recorded arguments."""
-    procs = f"{workers} process{'es' if workers > 1 else ''}"
-    return f"limit {limit_of(args)}, {procs}, `oban start`"
+    return f"limit {limit_of(args)}, {processes(workers)}, `oban start`"
 
 
-def process(conninfo: str, env: dict[str, str], log: Path, args: list[str]) -> WorkerProcess:
+def process(url: str, log: Path, args: list[str], drain: bool = False) -> WorkerProcess:
     """One `oban start` process (its CLI, `python -m oban start`, in its own
-    virtualenv), the workers module on its path, the database in `OBAN_DSN`
-    and in libpq's variables (`env`) for the tasks' pool."""
+    virtualenv; it has no drain mode), the workers module on its path, the
+    database in `OBAN_DSN` and in libpq's variables for the tasks' pool."""
     folder = install()
+    dsn = conninfo(url)
     return WorkerProcess(
-        conninfo, log, str(python(folder)), "-m", "oban", "start", *args,
+        dsn, log, str(python(folder)), "-m", "oban", "start", *args,
         cwd=WORKERS, command=("-c", rss.EXEC),
-        env={**env, "OBAN_DSN": conninfo, "PYTHONPATH": str(WORKERS),
+        env={**libpq_env(url), "OBAN_DSN": dsn, "PYTHONPATH": str(WORKERS),
              "BENCH_POOL_SIZE": str(limit_of(args))})
 
 
-def install_schema(conninfo: str) -> None:
-    """oban-py's tables, by its own CLI (`oban install`)."""
-    folder = install()
-    done = subprocess.run([str(python(folder)), "-m", "oban", "install", "--dsn", conninfo],
+def _install_schema(dsn: str) -> None:
+    done = subprocess.run([str(python(install())), "-m", "oban", "install", "--dsn", dsn],
                           capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"oban install exited with {done.returncode}: "
                            f"{(done.stdout + done.stderr)[-2000:]}")
+
+
+async def install_schema(url: str) -> None:
+    """oban-py's tables, by its own CLI (`oban install`)."""
+    await asyncio.to_thread(_install_schema, conninfo(url))
+
+
+async def fill(url: str, n: int, handler: str) -> None:
+    """The rows `Oban.enqueue_many` writes, one statement per chunk (it
+    sends its insert once per job); no NOTIFY, as nothing listens yet."""
+    async with connect(url) as conn:
+        for chunk in chunks([json.dumps(a) for a in arguments(n, handler, {})]):
+            await conn.execute(
+                "INSERT INTO oban_jobs (args, worker, queue, state)"
+                " SELECT a, $2, 'default', 'available'"
+                " FROM unnest($1::jsonb[]) WITH ORDINALITY AS u (a, i) ORDER BY i",
+                chunk, WORKER_NAMES[handler])
+
+
+def _versions() -> dict[str, str]:
+    return {f"{SYSTEM}_version": VERSION, f"{SYSTEM}_python": python_version()}
+
+
+PEER = Peer(
+    system=SYSTEM, label=settings,
+    argv=lambda setup, handler: worker_argv(int(setup.get("limit", DOCS_LIMIT))),
+    install=install_schema, truncate="TRUNCATE oban_jobs, oban_producers, oban_leaders",
+    tables=("oban_jobs",), fill=fill, worker=process, drained=logged(DRAIN_SQL, DONE_SQL),
+    columns=lambda args: {"batch_size": None, "concurrency": limit_of(args)},
+    enqueue_one=lambda pool: lambda: pool.fetchval(INSERT_SQL, "{}", WORKER_NAMES[NOOP]),
+    jobs_sql=("SELECT id, extract(epoch FROM inserted_at) AS enqueued,"
+              " extract(epoch FROM attempted_at) AS started,"
+              " extract(epoch FROM completed_at) AS completed FROM oban_jobs"),
+    available=available, versions=lambda: _versions() if available() else {})

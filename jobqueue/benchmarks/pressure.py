@@ -535,15 +535,8 @@ def _phase_of(at: float, bounds: Sequence[float]) -> int:
 
 
 def _latencies(jobs: Sequence[tuple[float, float, float]]) -> dict[str, float]:
-    out = {}
-    for name, i in (("start", 1), ("complete", 2)):
-        values = [t[i] - t[0] for t in jobs]
-        for q in (0.5, 0.99):
-            out[f"{name}_p{q * 100:g}_ms"] = (quantile(values, q) * 1000
-                                              if values and peers.carried(q, len(values))
-                                              else math.nan)
-    out["complete_max_ms"] = max((t[2] - t[0] for t in jobs), default=math.nan) * 1000
-    return out
+    return {**peers.latencies(jobs, (0.5, 0.99)),
+            "complete_max_ms": max((t[2] - t[0] for t in jobs), default=math.nan) * 1000}
 
 
 def _tables(tick: dict[str, Any] | None) -> dict[str, Any]:
@@ -671,13 +664,9 @@ def _database(system: str, prefix: str) -> str:
 
 async def open_databases(systems: Sequence[str], prefix: str = "pressure") -> dict[str, str]:
     """A database for each system (`jobqueue_bench_<prefix>[_<system>]`),
-    its schema installed (`scenarios.open_bench`, `peers.open_peer`): their URLs."""
-    urls = {}
-    for system in systems:
-        name = _database(system, prefix)
-        urls[system] = await (scenarios.open_bench(name) if system == "jobqueue"
-                              else peers.open_peer(system, name))
-    return urls
+    its schema installed (`peers.open_peer`): their URLs."""
+    return {system: await peers.open_peer(system, _database(system, prefix))
+            for system in systems}
 
 
 async def close_databases(systems: Sequence[str], prefix: str = "pressure") -> None:
