@@ -6,8 +6,11 @@ queue is one module that builds one (`pgqueuer_peer`, `procrastinate_peer`,
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import logging
+import os
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +148,49 @@ def package_version(system: str, package: str) -> dict[str, str]:
     with contextlib.suppress(PackageNotFoundError):
         return {f"{system}_version": version(package)}
     return {}
+
+
+def run(command: Sequence[str], *, timeout: float, cwd: Path | None = None,
+        env: Mapping[str, str] | None = None) -> str:
+    """A short command (an install, a schema); its output, or RuntimeError
+    with the tail of it."""
+    done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True,
+                          env=None if env is None else {**os.environ, **env}, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(str(c) for c in command[:4])} exited with "
+                           f"{done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
+    return done.stdout
+
+
+def install_once(folder: Path, ready: Callable[[], bool], steps: Sequence[Sequence[str]], *,
+                 timeout: float, before: Callable[[], Any] = lambda: None) -> Path:
+    """A pinned peer installed into `folder` (under the git-ignored
+    `bench-results/`) by `steps`, unless `ready()` says it is there already;
+    a file lock keeps two callers from installing at once. The folder."""
+    if ready():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready():
+            before()
+            logger.info("installing into %s: %s", folder, steps[-1])
+            for step in steps:
+                run(step, timeout=timeout, cwd=folder)
+            if not ready():
+                raise RuntimeError(f"{steps[-1]} did not install what it should into {folder}")
+    return folder
+
+
+def can_install(system: str, install: Callable[[], Any]) -> bool:
+    """Whether `install()` works (installing now if need be); False with a
+    one-line warning otherwise, so the comparison skips the system."""
+    try:
+        install()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        logger.warning("%s skipped: %s", system, str(e).splitlines()[0])
+        return False
+    return True
 
 
 def python_peer(system: str, **fields: Any) -> Peer:
