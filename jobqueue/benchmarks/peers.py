@@ -2,13 +2,18 @@
 and the course's design, measured the same way on the same server, one
 after another in one run.
 
-Each system is an adapter behind one interface (`adapter.Peer`: install,
-queue n jobs of a workload, start its workers as its docs advise, read back
-when each job ran, stop), and the runners here loop over adapters. Each peer
-gets a database of its own (`jobqueue_bench_<name>`) with its schema
-installed through its own API, and runs as real worker processes. The
-figures come from the timestamps each system records in its own tables, on
-the database's clock, as jobqueue's do:
+Each system is an adapter behind one interface (`adapter.Peer`) and the
+runners here loop over adapters: a drain (N jobs already queued, W worker
+processes, throughput from the first claim to the last recorded completion,
+every job checked done once and its writes checked, each process's RSS
+sampled), `open_loop` (jobs enqueued one by one at scheduled times over one
+asyncpg pool for every system, each with the statement its own enqueue
+sends; one idle worker; the first `WARMUP` s left out; a percentile only
+where the sample carries it) and memory (one worker draining a big table).
+Each peer has a database of its own with its schema installed by its own
+API. The figures come from the timestamps each system records in its own
+tables, on the database's clock, each the time of the statement that makes
+the change (its commit follows within about a millisecond):
 
 | system | enqueued | started (claimed) | completion recorded |
 |---|---|---|---|
@@ -17,34 +22,13 @@ the database's clock, as jobqueue's do:
 | Procrastinate | `procrastinate_events` `deferred` | `started` | `succeeded` |
 | oban-py | `oban_jobs.inserted_at` | `attempted_at` | `completed_at` |
 
-(graphile-worker keeps no record of a completion: its drains are timed from
-outside, as `graphile` explains.) Every one of these is the time of the
-statement that makes the change; its commit follows within about a
-millisecond.
-
-- A drain: N jobs already queued, W worker processes; throughput from the
-  first claim to the last recorded completion, every job checked done once,
-  each process's resident memory sampled (`rss`). The jobs are no-ops, or do
-  real work: `write_row` (one INSERT) or `process_payment` (the seed's
-  UPDATE of a balance and INSERT of a payment, in one transaction), each
-  peer's task writing the way its docs show (`peer_worker`); every job's
-  rows are checked (`scenarios.check_writes`).
-- `open_loop`: jobs enqueued one by one, each in its own transaction, at
-  scheduled times, over one asyncpg pool for every system, each with the
-  statement its own enqueue sends; one idle worker. Latency from enqueue to
-  start and to completion recorded, the first `WARMUP` s of arrivals left
-  out, a percentile given only where the sample carries it (`carried`).
-- Memory: one worker draining a big table, its RSS over time.
-
-A setup is a dict (`{"system": "pgqueuer", "batch_size": 1000, "workers":
-2}`; `comparison_setups` builds the notebook's, `RECOMMENDED` says what
-each system's docs advise). A jobqueue setup is the worker's command line:
-`{"system": "jobqueue", "flags": []}` is `jobqueue worker --import MODULE`
-exactly as the README starts it (`scenarios.cli_drain`). Every run records
-the arguments its processes got (`argv`), and its label is read back from
-them alone (`label`), so a label cannot name a knob the run did not use. A
-setup may carry its own `n` (Procrastinate's few hundred jobs/s want a
-smaller drain); every row says which n it drained.
+(graphile-worker keeps no record of a completion: `graphile` says how its
+drains are timed.) A setup is a dict (`{"system": "pgqueuer", "batch_size":
+1000, "workers": 2}`; a jobqueue setup is the worker's command line,
+`{"system": "jobqueue", "flags": []}` being `jobqueue worker --import MODULE`
+as the README starts it). Every run records the arguments its processes got
+(`argv`) and its label is read back from them alone (`label`), so a label
+cannot name a knob the run did not use. A setup may carry its own `n`.
 """
 
 from __future__ import annotations
@@ -244,11 +228,14 @@ def argv(setup: Mapping[str, Any], handler: str = NOOP) -> list[str]:
     return _peer(setup["system"]).argv(setup, handler)
 
 
+def _words(args: str | Sequence[str]) -> list[str]:
+    return shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
+
+
 def label(system: str, args: str | Sequence[str], workers: int = 1) -> str:
     """A setup as the tables show it, read back from the arguments its
     processes got (`argv`, as recorded), with each worker's own parser."""
-    words = shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
-    return _peer(system).label(words, workers)
+    return _peer(system).label(_words(args), workers)
 
 
 def settings(setup: Mapping[str, Any], handler: str = NOOP) -> str:
@@ -260,8 +247,7 @@ def preset_of(system: str, args: str | Sequence[str], workers: int = 1) -> str:
     """`CLI_DEFAULTS` for one jobqueue process given no flag but `--import`,
     `PERFTEST` for graphile-worker in its perfTest configuration, else
     empty; read from the recorded arguments, like `label`."""
-    words = shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
-    return _peer(system).preset(words, workers)
+    return _peer(system).preset(_words(args), workers)
 
 
 def preset(setup: Mapping[str, Any]) -> str:
