@@ -211,20 +211,23 @@ def events_sql(table: str, at: str, kind: str, kinds: Sequence[str]) -> str:
     return f"SELECT job_id AS id, {times} FROM {table} GROUP BY job_id"
 
 
-def logged(drain_sql: str, done_sql: str | None = None
+def logged(drain_sql: str, done_sql: str | None = None, started_sql: str = "SELECT 0"
            ) -> Callable[[Drain], Awaitable[tuple[float, float]]]:
     """`drained` for a system that records each job's completion: wait for
     its processes to exit (its drain mode), or, without one (`done_sql`),
-    stop them with SIGTERM once nothing is left to run, as jobqueue's are;
-    then `drain_sql` (completed, distinct_completed, total, left_in_queue,
-    first, last) must show every job completed exactly once."""
+    stop them with SIGTERM once nothing is left to run and every process has
+    started (`started_sql` counts them: a small drain can end before a
+    second process has its signal handlers), as jobqueue's are stopped; then
+    `drain_sql` (completed, distinct_completed, total, left_in_queue, first,
+    last) must show every job completed exactly once."""
     async def drained(run: Drain) -> tuple[float, float]:
         if done_sql is None:
             for p in run.procs:
                 await p.finish(run.timeout)
         else:
-            await scenarios.until_done(run.conn, run.procs, run.timeout, done_sql=done_sql,
-                                       registered=False)
+            await scenarios.until_done(
+                run.conn, run.procs, run.timeout, registered=False,
+                done_sql=f"SELECT ({done_sql}) AND ({started_sql}) >= {len(run.procs)}")
         row = await run.conn.fetchrow(drain_sql)
         counts = (row["completed"], row["distinct_completed"], row["total"],
                   row["left_in_queue"])

@@ -59,6 +59,9 @@ DRAIN_SQL = """
 #: Nothing left to run: two probes of its (state, queue, …) index.
 DONE_SQL = ("SELECT NOT EXISTS (SELECT FROM oban_jobs WHERE state = 'available')"
             " AND NOT EXISTS (SELECT FROM oban_jobs WHERE state = 'executing')")
+#: Its processes up: each queue's producer writes its row once `oban start`
+#: has its signal handlers (SIGTERM before that would kill it).
+STARTED_SQL = "SELECT count(*) FROM oban_producers"
 #: What `Oban.enqueue` sends (`queries/insert_job.sql` of 0.7.0), with its
 #: defaults for what the lab's jobs leave unset: one row, and a NOTIFY that
 #: wakes the producers of its queue.
@@ -170,7 +173,7 @@ PEER = Peer(
     argv=lambda setup, handler: worker_argv(int(setup.get("limit", DOCS_LIMIT))),
     install=install_schema, truncate="TRUNCATE oban_jobs, oban_producers, oban_leaders",
     tables=("oban_jobs",), fill=fill, worker=process,
-    drained=adapter.logged(DRAIN_SQL, DONE_SQL),
+    drained=adapter.logged(DRAIN_SQL, DONE_SQL, STARTED_SQL),
     columns=lambda args: {"batch_size": None, "concurrency": limit_of(args)},
     enqueue_one=lambda pool: lambda: pool.fetchval(INSERT_SQL, "{}", WORKER_NAMES[NOOP]),
     jobs_sql=("SELECT id, extract(epoch FROM inserted_at) AS enqueued,"
