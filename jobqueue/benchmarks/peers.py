@@ -261,11 +261,8 @@ def comparison_setups(handler: str, *, processes: Sequence[int], pgqueuer_batch:
                       oban_limit: int | None = obanpy.DOCS_LIMIT) -> list[dict[str, Any]]:
     """The comparison's setups for one workload: every queue with each of
     `processes` worker processes, as its docs advise for throughput
-    (`RECOMMENDED`): jobqueue at the CLI's defaults (`--shared` for more than
-    one process, so that all of them work), PgQueuer at `pgqueuer_batch`,
-    graphile-worker with perfTest's options, Procrastinate at
-    `procrastinate_concurrency` (and its smaller `procrastinate_n`), oban-py
-    by `oban start` with a queue of `oban_limit` (None: left out); plus
+    (`RECOMMENDED`; jobqueue `--shared` beyond one process, so that all of
+    them work; oban-py left out if `oban_limit` is None), plus
     graphile-worker's whole perfTest configuration (`perftest`) and the
     course's design (no-op jobs only)."""
     def each(setup: dict[str, Any]) -> list[dict[str, Any]]:
@@ -418,11 +415,15 @@ class IdleWorker:
         self.enqueue_one, self.warm_id = enqueue_one, warm_id
         self.peer = _peer(system)
 
+    def alive(self) -> None:
+        """RuntimeError, with its log, if the worker has exited."""
+        if self.worker.proc.poll() is not None:
+            raise RuntimeError(f"{self.system} worker exited: {self.worker.log()[-2000:]}")
+
     async def completed(self, count: int, warm: bool = False) -> bool:
         """Whether `count` jobs besides the first one (`warm`: the first one)
         are done; RuntimeError if the worker has exited."""
-        if self.worker.proc.poll() is not None:
-            raise RuntimeError(f"{self.system} worker exited: {self.worker.log()[-2000:]}")
+        self.alive()
         return bool(await self.conn.fetchval(
             f"SELECT count(*) FROM ({self.peer.jobs_sql}) AS j WHERE completed IS NOT NULL"
             f" AND id {'=' if warm else '<>'} $1", self.warm_id) >= count)

@@ -464,9 +464,7 @@ async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config
             await asyncio.wait([producer], timeout=max(0.0, start + offsets[i] - loop.time()))
             if producer.done() and producer.exception() is not None:
                 await producer
-            if running.worker.proc.poll() is not None:
-                raise RuntimeError(f"{running.system} worker exited: "
-                                   f"{running.worker.log()[-2000:]}")
+            running.alive()
             probes.append(await probe(probe_conn) if probe and probe_conn else {})
             if i < len(config.phases):
                 changes.append(await _now(clock))
