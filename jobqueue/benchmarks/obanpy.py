@@ -1,70 +1,84 @@
 """oban-py (the `oban` package on PyPI, the Python port of Elixir's Oban) as
-a peer of the comparison benchmark: where it is installed and how its worker
-starts. `peers` holds the rest, as for the other Python peers.
+a peer. It needs Python 3.12 or newer and jobqueue supports 3.11, so it has
+a virtualenv of its own in `<checkout>/bench-results/oban-py/` (git-ignored),
+built with the first Python 3.12+ found (on PATH, then pyenv's), into which
+pip installs `oban==0.7.0` (exact); without one it is skipped with a
+one-line warning.
 
-oban-py needs Python 3.12 or newer and jobqueue supports 3.11, so it cannot
-share the lab's virtualenv: `install()` builds one of its own in
-`<checkout>/bench-results/oban-py/` (git-ignored) with the first Python 3.12+
-it finds (on PATH, then pyenv's), and pip installs `oban==0.7.0` (exact)
-into it. `available()` is False, with a one-line warning, where there is no
-such Python or the install fails.
+**Its documented configuration.** Its production guide recommends its CLI:
+`oban start` "is already production-ready" (a JSON log line per job at INFO,
+the pruner, orphan rescue), with queues given as `name:limit` (its docs'
+examples use `default = 10`) and its connection pool at its defaults (1 to
+10). The comparison starts it exactly so, `oban start --queues
+default:<limit>`, its schema installed by its own `oban install`. The
+workers (`oban_workers/bench_oban.py`) write through a psycopg pool of their
+own. It has no drain mode: a drain stops its processes with SIGTERM (its
+graceful shutdown) once no job is left to run, as jobqueue's are stopped.
 
-**Its documented configuration.** oban-py's production guide recommends its
-CLI: `oban start` "is already production-ready" (its JSON log line per job
-at INFO, the pruner, orphan rescue), with queues given as `name:limit` (its
-docs' examples use `default = 10`) and its connection pool at its defaults
-(1 to 10). The comparison starts it exactly so, `oban start --queues
-default:<limit>`, with the database in `OBAN_DSN`; its schema is installed
-by its own `oban install`. The workers (`oban_workers/bench_oban.py`) write
-through a psycopg pool of their own. oban-py has no drain mode: a drain
-stops its processes with SIGTERM (its graceful shutdown) once no job is left
-to run, as jobqueue's are stopped.
-
-**Timing.** oban-py keeps a finished job's row, with `inserted_at`,
-`attempted_at` (the claim) and `completed_at`, each its statement's `now()`
-in UTC (`timestamp without time zone`). `completed_at` is written when its
-producer acknowledges a batch of finished jobs, at its next fetch: the time a
-completion was recorded, as for every other system.
+**Timing.** It keeps a finished job's row, with `inserted_at`,
+`attempted_at` (the claim) and `completed_at`, each its statement's `now()`;
+`completed_at` is written when its producer acknowledges a batch of
+finished jobs, at its next fetch: the time a completion was recorded, as
+for every other system.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import fcntl
-import logging
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-from jobqueue.benchmarks import rss
+from jobqueue.benchmarks import adapter, rss
+from jobqueue.benchmarks.adapter import Peer
 from jobqueue.benchmarks.peer_worker import NOOP, PROCESS_PAYMENT, WRITE_ROW
 from jobqueue.testing import WorkerProcess
-
-logger = logging.getLogger(__name__)
 
 SYSTEM = "oban-py"
 PACKAGE = "oban"
 VERSION = "0.7.0"
-CHECKOUT = Path(__file__).resolve().parents[2]
-INSTALL_DIR = CHECKOUT / "bench-results" / "oban-py"
+INSTALL_DIR = Path(__file__).resolve().parents[2] / "bench-results" / "oban-py"
 WORKERS = Path(__file__).with_name("oban_workers")
-INSTALL_TIMEOUT = 600.0
 #: The queue limit of its docs' examples (`[queues] default = 10`).
 DOCS_LIMIT = 10
 #: The worker class oban-py runs for each of the lab's job types.
 WORKER_NAMES = {NOOP: "bench_oban.Noop", WRITE_ROW: "bench_oban.WriteRow",
                 PROCESS_PAYMENT: "bench_oban.ProcessPayment"}
-
+#: A job run twice would have a second attempt: counted apart.
+DRAIN_SQL = """
+    SELECT count(*) FILTER (WHERE state = 'completed') AS completed,
+           count(*) FILTER (WHERE state = 'completed' AND attempt = 1) AS distinct_completed,
+           count(*) AS total,
+           count(*) FILTER (WHERE state <> 'completed') AS left_in_queue,
+           extract(epoch FROM min(attempted_at)) AS first,
+           extract(epoch FROM max(completed_at)) AS last
+    FROM oban_jobs"""
+#: Nothing left to run: two probes of its (state, queue, …) index.
+DONE_SQL = ("SELECT NOT EXISTS (SELECT FROM oban_jobs WHERE state = 'available')"
+            " AND NOT EXISTS (SELECT FROM oban_jobs WHERE state = 'executing')")
+#: Its processes up: each queue's producer writes its row once `oban start`
+#: has its signal handlers (SIGTERM before that would kill it).
+STARTED_SQL = "SELECT count(*) FROM oban_producers"
+#: What `Oban.enqueue` sends (`queries/insert_job.sql` of 0.7.0), with its
+#: defaults for what the lab's jobs leave unset: one row, and a NOTIFY that
+#: wakes the producers of its queue.
+INSERT_SQL = """
+    WITH inserted AS (
+        INSERT INTO oban_jobs (args, inserted_at, max_attempts, meta, priority, queue,
+                               scheduled_at, state, tags, worker)
+        VALUES ($1::jsonb, timezone('UTC', now()), 20, '{}', 0, 'default',
+                timezone('UTC', now()), 'available', '{}', $2)
+        RETURNING id, queue)
+    SELECT id, pg_notify('public.oban_insert', '{"queue":"' || queue || '"}')
+    FROM inserted"""
 
 
 def python(folder: Path = INSTALL_DIR) -> Path:
     """The interpreter of oban-py's virtualenv."""
     return folder / "venv" / "bin" / "python"
-
-
-def _installed(folder: Path) -> bool:
-    return any((folder / "venv" / "lib").glob(f"python3.*/site-packages/oban-{VERSION}.dist-info"))
 
 
 def _python312() -> str | None:
@@ -81,53 +95,29 @@ def _python312() -> str | None:
 
 
 def install(folder: Path = INSTALL_DIR) -> Path:
-    """oban-py, pinned, in a virtualenv of its own in `folder` unless it is
-    there already (a file lock keeps two callers from installing at once);
-    the folder. RuntimeError without a Python 3.12+ or if pip fails."""
-    if _installed(folder):
+    """oban-py, pinned, in a virtualenv of its own in `folder`, once."""
+    def ready() -> bool:
+        return any((folder / "venv" / "lib").glob(
+            f"python3.*/site-packages/{PACKAGE}-{VERSION}.dist-info"))
+
+    if ready():
         return folder
     base = _python312()
     if base is None:
         raise RuntimeError("oban-py needs Python 3.12 or newer, and none was found")
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _installed(folder):
-            return folder
-        logger.info("installing %s==%s into %s with %s", PACKAGE, VERSION, folder, base)
-        for step in ([base, "-m", "venv", "--clear", str(folder / "venv")],
-                     [str(python(folder)), "-m", "pip", "install", "--quiet",
-                      "--disable-pip-version-check", f"{PACKAGE}=={VERSION}"]):
-            done = subprocess.run(step, capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(step[:4])} failed ({done.returncode}): "
-                                   f"{(done.stdout + done.stderr)[-2000:]}")
-        if not _installed(folder):
-            raise RuntimeError(f"pip did not install {PACKAGE}=={VERSION} into {folder}")
-    return folder
+    return adapter.install_once(
+        folder, ready, [[base, "-m", "venv", "--clear", str(folder / "venv")],
+                        [str(python(folder)), "-m", "pip", "install", "--quiet",
+                         "--disable-pip-version-check", f"{PACKAGE}=={VERSION}"]],
+        timeout=600.0)
 
 
 def available() -> bool:
-    """Whether oban-py can run here (installing it now if need be); False
-    with a one-line warning otherwise, so the comparison skips it."""
-    try:
-        install()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        logger.warning("oban-py skipped: %s", str(e).splitlines()[0])
-        return False
-    return True
-
-
-def python_version() -> str:
-    """The version of the Python oban-py runs on, for the results' header."""
-    done = subprocess.run([str(python()), "--version"], capture_output=True, text=True,
-                          timeout=30)
-    return done.stdout.strip().removeprefix("Python ") or "?"
+    return adapter.can_install(SYSTEM, install)
 
 
 def worker_argv(limit: int = DOCS_LIMIT) -> list[str]:
-    """`oban start`'s arguments for one queue of `limit` concurrent jobs:
-    the `argv` a run records, and what `limit_of` reads back."""
+    """`oban start`'s arguments for one queue of `limit` concurrent jobs."""
     return ["--queues", f"default:{limit}"]
 
 
@@ -139,27 +129,54 @@ def limit_of(args: list[str]) -> int:
 
 def settings(args: list[str], workers: int) -> str:
     """The label the tables show, read from the recorded arguments."""
-    procs = f"{workers} process{'es' if workers > 1 else ''}"
-    return f"limit {limit_of(args)}, {procs}, `oban start`"
+    return f"limit {limit_of(args)}, {adapter.processes(workers)}, `oban start`"
 
 
-def process(conninfo: str, env: dict[str, str], log: Path, args: list[str]) -> WorkerProcess:
-    """One `oban start` process (its CLI, `python -m oban start`, in its own
-    virtualenv), the workers module on its path, the database in `OBAN_DSN`
-    and in libpq's variables (`env`) for the tasks' pool."""
-    folder = install()
+def process(url: str, log: Path, args: list[str], drain: bool = False) -> WorkerProcess:
+    """One `oban start` process in its own virtualenv, the workers module on
+    its path, the database in `OBAN_DSN` and in libpq's variables for the
+    tasks' pool."""
+    dsn = adapter.conninfo(url)
     return WorkerProcess(
-        conninfo, log, str(python(folder)), "-m", "oban", "start", *args,
+        dsn, log, str(python(install())), "-m", "oban", "start", *args,
         cwd=WORKERS, command=("-c", rss.EXEC),
-        env={**env, "OBAN_DSN": conninfo, "PYTHONPATH": str(WORKERS),
+        env={**adapter.libpq_env(url), "OBAN_DSN": dsn, "PYTHONPATH": str(WORKERS),
              "BENCH_POOL_SIZE": str(limit_of(args))})
 
 
-def install_schema(conninfo: str) -> None:
+async def install_schema(url: str) -> None:
     """oban-py's tables, by its own CLI (`oban install`)."""
-    folder = install()
-    done = subprocess.run([str(python(folder)), "-m", "oban", "install", "--dsn", conninfo],
-                          capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"oban install exited with {done.returncode}: "
-                           f"{(done.stdout + done.stderr)[-2000:]}")
+    await asyncio.to_thread(adapter.run, [str(python(install())), "-m", "oban", "install",
+                                          "--dsn", adapter.conninfo(url)], timeout=120)
+
+
+async def fill(url: str, n: int, handler: str) -> None:
+    """The rows `Oban.enqueue_many` writes, one statement per chunk (it
+    sends its insert once per job); no NOTIFY, as nothing listens yet."""
+    async with adapter.connect(url) as conn:
+        for chunk in adapter.chunks([json.dumps(a) for a in adapter.arguments(n, handler, {})]):
+            await conn.execute(
+                "INSERT INTO oban_jobs (args, worker, queue, state)"
+                " SELECT a, $2, 'default', 'available'"
+                " FROM unnest($1::jsonb[]) WITH ORDINALITY AS u (a, i) ORDER BY i",
+                chunk, WORKER_NAMES[handler])
+
+
+def _versions() -> dict[str, str]:
+    python_version = adapter.run([str(python()), "--version"], timeout=30)
+    return {f"{SYSTEM}_version": VERSION,
+            f"{SYSTEM}_python": python_version.strip().removeprefix("Python ") or "?"}
+
+
+PEER = Peer(
+    system=SYSTEM, label=settings,
+    argv=lambda setup, handler: worker_argv(int(setup.get("limit", DOCS_LIMIT))),
+    install=install_schema, truncate="TRUNCATE oban_jobs, oban_producers, oban_leaders",
+    tables=("oban_jobs",), fill=fill, worker=process,
+    drained=adapter.logged(DRAIN_SQL, DONE_SQL, STARTED_SQL),
+    columns=lambda args: {"batch_size": None, "concurrency": limit_of(args)},
+    enqueue_one=lambda pool: lambda: pool.fetchval(INSERT_SQL, "{}", WORKER_NAMES[NOOP]),
+    jobs_sql=("SELECT id, extract(epoch FROM inserted_at) AS enqueued,"
+              " extract(epoch FROM attempted_at) AS started,"
+              " extract(epoch FROM completed_at) AS completed FROM oban_jobs"),
+    available=available, versions=lambda: _versions() if available() else {})

@@ -1,53 +1,34 @@
-"""A peer queue's worker in a process of its own, for the comparison benchmark.
+"""A Python peer's worker in a process of its own (`peer_worker.py pgqueuer
+--batch-size 10 [--drain]`, `… procrastinate --concurrency 10 [--drain]`).
 
-    python -P jobqueue/benchmarks/peer_worker.py pgqueuer --batch-size 10 [--drain]
-    python -P jobqueue/benchmarks/peer_worker.py procrastinate --concurrency 10 [--drain]
-    … [--handler write_row]
+The lab starts it by path with `python -P`, never as a module of jobqueue:
+importing the jobqueue package would load SQLAlchemy into the peer's process
+and inflate the resident memory the lab reports for it. So this file imports
+nothing from jobqueue; the database comes from libpq's environment
+variables, which asyncpg and psycopg both read.
 
-`jobqueue.benchmarks.peers` starts it by path, never as
-`-m jobqueue.benchmarks.peer_worker`: importing the jobqueue package would load
-SQLAlchemy into the peer's process and inflate the resident memory the lab
-reports for it. So this file imports nothing from jobqueue, and `-P` keeps its
-own folder off `sys.path`. The database comes from the libpq environment
-variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE), which asyncpg and
-psycopg both read.
-
-Each peer runs the way its documentation shows, with three job types:
-`noop`; `write_row`, which inserts one row into `bench_rows` (the job's id);
-and `process_payment`, the seed's handler (`jobqueue.lab.examples`): add the
-payload's amount to a user's balance in `demo_users` and record the payment
-in `demo_payments`, both in one transaction. Each reaches the database the
-way that peer's documentation has a task do it:
+Each peer runs as its documentation shows, with three job types: `noop`;
+`write_row`, one row into `bench_rows`; and `process_payment`, the seed's
+handler (`jobqueue.lab.examples`): a balance UPDATE and a payment INSERT in
+one transaction. Each task reaches the database as that peer's docs have a
+task do it:
 
 - PgQueuer: `pgqueuer.run(factory, batch_size=…, mode=…)`, the documented way
-  to start from Python what `pgq run` starts (the `pgq` command itself crashes
-  under typer 0.29 here). The factory yields
-  `PgQueuer.from_asyncpg_connection(conn)` on a dedicated asyncpg connection,
-  as its performance guide advises for the worker. `--drain` is its own
-  `QueueExecutionMode.drain`: exit once the queue is empty. `write_row`
-  writes through an asyncpg pool (asyncpg's default size, 10) handed to the
-  jobs as a shared resource (`PgQueuer(..., resources=...)`, the job's
-  `Context`), as its docs advise for pools and clients. `process_payment`
-  takes a connection from that pool for one transaction, asyncpg's own
-  pattern (`async with pool.acquire() as c, c.transaction():`).
-- Procrastinate: `App(connector=PsycopgConnector(…))` with an async task,
-  `app.run_worker_async(concurrency=N, wait=not drain)`. The pool holds
-  concurrency + 1 connections: its docs say that with short jobs the pool
-  should hold as many connections as the concurrency, plus one.
-  `write_row` (`pass_context=True`) writes through the app's connector,
-  `context.app.connector.execute_query_async`, on that same pool.
-  `process_payment` needs two statements in one transaction, which the
-  connector's query methods cannot give: it takes a connection from the
-  connector's psycopg pool (`connector.pool`, the `AsyncConnectionPool` its
-  docs say the connector is built on) and runs them in
-  `conn.transaction()`, psycopg's documented pattern.
+  to start from Python what `pgq run` starts (the `pgq` command itself
+  crashes under typer 0.29 here), on a dedicated asyncpg connection as its
+  performance guide advises; `--drain` is its `QueueExecutionMode.drain`.
+  The tasks write through an asyncpg pool (its default size, 10) handed to
+  the jobs as a shared resource (`resources=`), as its docs advise.
+- Procrastinate: `App(connector=PsycopgConnector(…))` with async tasks,
+  `run_worker_async(concurrency=N, wait=not drain)`, the pool holding
+  concurrency + 1 connections (its docs: with short jobs, as many as the
+  concurrency, plus one). `write_row` writes through the app's connector;
+  `process_payment` takes a connection from the connector's psycopg pool
+  for its transaction, psycopg's documented pattern.
 
-Neither peer can put a task's write in the transaction that records the
-job's completion: each write commits on its own, before the job is marked
-done (a crash in between runs the task, and its write, again; a payment
-run again is refused by its primary key and fails).
-
-Both stop cleanly on SIGTERM (their own signal handlers).
+No peer can put a task's write in the transaction that records the job's
+completion: each write commits on its own first (a payment run again is
+refused by its primary key and fails).
 """
 
 from __future__ import annotations
@@ -119,8 +100,7 @@ async def run_pgqueuer(batch_size: int, drain: bool) -> None:
 
 
 def procrastinate_app(concurrency: int, conninfo: str = "") -> Any:
-    """The Procrastinate app with its no-op task (shared with the producer in
-    `peers`, which passes the conninfo explicitly)."""
+    """The Procrastinate app with its tasks (its adapter fills through it too)."""
     import procrastinate
 
     size = concurrency + 1
@@ -156,9 +136,7 @@ async def run_procrastinate(concurrency: int, drain: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """This worker's command line; `peers.label` parses the arguments a run
-    gave its processes with this same parser, so a label cannot say other
-    knobs than the process ran with."""
+    """This worker's command line, which labels parse back too."""
     parser = argparse.ArgumentParser(description="A peer queue's worker, for the benchmark lab.")
     parser.add_argument("system", choices=["pgqueuer", "procrastinate"])
     parser.add_argument("--batch-size", type=int, default=10, help="PgQueuer's batch_size")

@@ -1,43 +1,25 @@
 """Pressure: what a queue's latency does while vacuum cannot run.
 
-Every finished job leaves dead row versions behind, in its table and in
-every index that pointed at it, and vacuum may remove a version only once no
-transaction could still see it. One session that keeps a transaction open —
-idle with an xid, or a REPEATABLE READ report that keeps its snapshot — pins
-the database's xmin horizon: from then on nothing dead can go, and each claim
-steps over more and more of it (`jobqueue.ops.horizon` names who holds it).
+Every finished job leaves dead row versions behind, and vacuum may remove a
+version only once no transaction could still see it. One session that keeps
+a transaction open pins the database's xmin horizon: from then on nothing
+dead can go, and each claim steps over more and more of it.
 
-`run` takes one system (jobqueue, PgQueuer, Procrastinate or oban-py, each in its
-own database and with its own worker process, configured as in the
-comparison: `peers.idle_worker`) through a list of phases, `PHASES`, while
-jobs arrive one by one at scheduled times, each in its own transaction
-(open loop, as `peers.open_loop`). A phase is data (`Phase`): how long it
-lasts and what holds back vacuum meanwhile:
-
-- `holder`: one session (application_name `pressure holder`) that ran
-  `SELECT pg_current_xact_id()` in a transaction it leaves open;
-- `readers`: that many sessions (`pressure reader`), each in one long
-  REPEATABLE READ transaction that scans the system's tables again and again
-  (`count(*)` of each, then a pause), so its snapshot pins the horizon too;
-- `load`: the arrival rate as a multiple of what the worker sustains (a
-  drain measured first, `sustained`), capped at what one producer can send
-  (`Config.max_rate`); otherwise `Config.rate` (or, for a system that
-  sustains less, a share of what it sustains: `Config.base_share`).
-
-A phase that asks for the holder or readers the one before had keeps the very
-same sessions, so the horizon stays where it was first pinned; the first phase
-without them releases them. Meanwhile a sampler (`pressure sampler`) reads,
-every `Config.interval` seconds, what the system's other sessions wait on
-(`pg_stat_activity`), its tables' dead tuples and sizes
-(`pg_stat_user_tables`, `pg_total_relation_size`, `pg_indexes_size`), the
-readers present and the horizon's holder (`horizon.oldest`). For jobqueue,
-the end of each phase also runs `EXPLAIN (ANALYZE, BUFFERS)` of its claim
-(`take` in queries.sql, in a transaction rolled back): how many buffers one
-claim reads, and how long it takes.
-
-Figures come from each system's own timestamps (as in `peers`): per phase
-(`phase_rows`) and per window of `Config.window` seconds (`timeline_rows`),
-the first `Config.warmup` seconds of arrivals left out of the latencies.
+`run` takes one system (each in its own database, with one worker process
+configured as in the comparison: `peers.idle_worker`) through a list of
+phases (`PHASES`) while jobs arrive one by one at scheduled times, each in
+its own transaction (open loop, as `peers.open_loop`). A phase (`Phase`)
+says how long it lasts and what holds back vacuum meanwhile: `holder`, one
+session idle in a transaction with an xid (`pressure holder`); `readers`,
+that many sessions in one long REPEATABLE READ transaction each, scanning
+the system's tables again and again (`pressure reader`); `load`, arrivals at
+a multiple of what the worker sustains (a drain measured first), capped at
+what one producer can send. A phase that keeps the holder or readers keeps
+the very same sessions, so the horizon stays where it was first pinned.
+Meanwhile a sampler reads what the system's sessions wait on, its tables'
+dead tuples and sizes, the readers present and the horizon's holder; for
+jobqueue each phase ends with `EXPLAIN (ANALYZE, BUFFERS)` of its claim.
+Figures come from each system's own timestamps, per phase and per window.
 """
 
 from __future__ import annotations
@@ -50,7 +32,7 @@ import math
 import shlex
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -58,7 +40,7 @@ from typing import Any
 import asyncpg
 
 from jobqueue import db
-from jobqueue.benchmarks import obanpy, peers, scenarios
+from jobqueue.benchmarks import obanpy, peers, rss, scenarios
 from jobqueue.benchmarks.quick import quantile
 from jobqueue.ops import horizon
 from jobqueue.schema.queries import queries
@@ -244,15 +226,6 @@ class _Pressure:
             await conn.close()
 
 
-@contextlib.asynccontextmanager
-async def _pressure(url: str, tables: Sequence[str], pause: float) -> AsyncIterator[_Pressure]:
-    pressure = _Pressure(url, tables, pause)
-    try:
-        yield pressure
-    finally:
-        await pressure.apply(None)
-
-
 # -- what the database says meanwhile --------------------------------------------
 
 #: What the system's sessions wait on (not the pressure's own): each active
@@ -274,7 +247,6 @@ _TABLES = """
            n_dead_tup AS dead, n_live_tup AS live,
            pg_total_relation_size(relid) AS total_bytes, pg_indexes_size(relid) AS index_bytes
     FROM pg_stat_user_tables WHERE relname = ANY($1::text[])"""
-MIB = 1024 * 1024
 #: A phase whose arrivals came at less than this share of its rate is flagged
 #: (`rate_met`): the producer could not send them on time.
 MET_SHARE = 0.95
@@ -313,8 +285,11 @@ async def _explain(conn: asyncpg.Connection, sql: str, *args: Any) -> tuple[floa
     """`sql` under EXPLAIN (ANALYZE, BUFFERS) in a transaction rolled back:
     its execution time (ms), the buffers the whole plan read (shared hit +
     read) and the rows it returned."""
-    async with _rolled_back(conn):
+    await conn.execute("BEGIN")
+    try:
         raw = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, *args)
+    finally:
+        await conn.execute("ROLLBACK")
     plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]
     top = plan["Plan"]
     return (float(plan["Execution Time"]),
@@ -361,28 +336,12 @@ async def explain_take(conn: asyncpg.Connection, limit: int = DEFAULT_BATCH_SIZE
     return out
 
 
-@contextlib.asynccontextmanager
-async def _rolled_back(conn: asyncpg.Connection) -> AsyncIterator[None]:
-    await conn.execute("BEGIN")
-    try:
-        yield
-    finally:
-        await conn.execute("ROLLBACK")
-
-
 #: What each system's phases end with besides the samples.
 PROBES: dict[str, Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]]] = {
     "jobqueue": explain_take}
 
 
 # -- one system through the phases ------------------------------------------------
-
-
-async def sustained(system: str, url: str, setup: Mapping[str, Any], n: int) -> float:
-    """What the setup's worker sustains: jobs/s of a drain of `n` no-op jobs
-    (the setup's own `n` if it has one) already queued (`peers.drain_setup`)."""
-    row = await peers.drain_setup({system: url}, {"system": system, **setup}, n=n)
-    return float(row["jobs_per_sec"])
 
 
 async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
@@ -392,9 +351,10 @@ async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
     (`rows`, `timeline`, `waits`), all tagged with `system`, `argv` and the
     `settings` label read back from it."""
     setup = {"system": system, **setup}
-    given = (config.sustained or {}).get(system)
-    rate = float(given) if given is not None else await sustained(system, url, setup,
-                                                                  config.drain_n)
+    rate = (config.sustained or {}).get(system)
+    if rate is None:  # what the worker sustains: a drain of no-op jobs already queued
+        rate = (await peers.drain_setup({system: url}, setup, n=config.drain_n))["jobs_per_sec"]
+    rate = float(rate)
     if steps is not None:
         steps.update()
     rates = [config.rate_of(phase, rate) for phase in config.phases]
@@ -404,17 +364,18 @@ async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
     async with peers.idle_worker(system, url, setup, connections=config.connections,
                                  log_dir=log_dir) as running:
         tables = running.peer.tables
-        async with _pressure(url, tables, config.reader_pause) as pressure:
-            sampler = asyncio.create_task(_sampler(url, tables, config.interval, ticks))
-            probe_conn = await db.connect(url, application_name=PROBE)
-            try:
-                sent = await _phases(running, pressure, config, rates,
-                                     probe_conn if probe else None, probe, steps)
-            finally:
-                sampler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sampler
-                await probe_conn.close()
+        pressure = _Pressure(url, tables, config.reader_pause)
+        sampler = asyncio.create_task(_sampler(url, tables, config.interval, ticks))
+        probe_conn = await db.connect(url, application_name=PROBE)
+        try:
+            sent = await _phases(running, pressure, config, rates,
+                                 probe_conn if probe else None, probe, steps)
+        finally:
+            await pressure.apply(None)
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            await probe_conn.close()
         total = sum(len(x) for x in sent.lateness) - sum(sent.dropped)
         try:
             await running.wait_completed(total, timeout=config.settle)
@@ -503,9 +464,7 @@ async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config
             await asyncio.wait([producer], timeout=max(0.0, start + offsets[i] - loop.time()))
             if producer.done() and producer.exception() is not None:
                 await producer
-            if running.worker.proc.poll() is not None:
-                raise RuntimeError(f"{running.system} worker exited: "
-                                   f"{running.worker.log()[-2000:]}")
+            running.alive()
             probes.append(await probe(probe_conn) if probe and probe_conn else {})
             if i < len(config.phases):
                 changes.append(await _now(clock))
@@ -535,15 +494,8 @@ def _phase_of(at: float, bounds: Sequence[float]) -> int:
 
 
 def _latencies(jobs: Sequence[tuple[float, float, float]]) -> dict[str, float]:
-    out = {}
-    for name, i in (("start", 1), ("complete", 2)):
-        values = [t[i] - t[0] for t in jobs]
-        for q in (0.5, 0.99):
-            out[f"{name}_p{q * 100:g}_ms"] = (quantile(values, q) * 1000
-                                              if values and peers.carried(q, len(values))
-                                              else math.nan)
-    out["complete_max_ms"] = max((t[2] - t[0] for t in jobs), default=math.nan) * 1000
-    return out
+    return {**peers.latencies(jobs, (0.5, 0.99)),
+            "complete_max_ms": max((t[2] - t[0] for t in jobs), default=math.nan) * 1000}
 
 
 def _tables(tick: dict[str, Any] | None) -> dict[str, Any]:
@@ -553,8 +505,8 @@ def _tables(tick: dict[str, Any] | None) -> dict[str, Any]:
     tables = tick["tables"]
     return {"dead_tuples": sum(t[0] for t in tables.values()),
             "live_tuples": sum(t[1] for t in tables.values()),
-            "total_mib": sum(t[2] for t in tables.values()) / MIB,
-            "index_mib": sum(t[3] for t in tables.values()) / MIB,
+            "total_mib": sum(t[2] for t in tables.values()) / rss.MIB,
+            "index_mib": sum(t[3] for t in tables.values()) / rss.MIB,
             "dead_by_table": ", ".join(f"{name} {t[0]:,}" for name, t in sorted(tables.items()))}
 
 
@@ -671,13 +623,9 @@ def _database(system: str, prefix: str) -> str:
 
 async def open_databases(systems: Sequence[str], prefix: str = "pressure") -> dict[str, str]:
     """A database for each system (`jobqueue_bench_<prefix>[_<system>]`),
-    its schema installed (`scenarios.open_bench`, `peers.open_peer`): their URLs."""
-    urls = {}
-    for system in systems:
-        name = _database(system, prefix)
-        urls[system] = await (scenarios.open_bench(name) if system == "jobqueue"
-                              else peers.open_peer(system, name))
-    return urls
+    its schema installed (`peers.open_peer`): their URLs."""
+    return {system: await peers.open_peer(system, _database(system, prefix))
+            for system in systems}
 
 
 async def close_databases(systems: Sequence[str], prefix: str = "pressure") -> None:

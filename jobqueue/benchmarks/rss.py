@@ -1,14 +1,9 @@
-"""Resident memory of worker processes, sampled from outside while they work.
-
-A queue worker that leaks a few bytes per job is fine in a test and dead after
-a week in production, so the lab watches each worker's resident set (VmRSS in
-`/proc/<pid>/status`, Linux only) every quarter of a second while it drains.
-Sampling from outside costs the worker nothing and treats every system alike:
-jobqueue's own workers and its peers' are read the same way.
-
-Samples carry the wall clock (`time.time()`), so they can be placed against
-the drain window the database recorded; the embedded server runs on the same
-machine, hence on the same clock.
+"""Resident memory of worker processes (VmRSS in `/proc/<pid>/status`,
+Linux only), sampled from outside while they work: a worker that leaks a few
+bytes per job is fine in a test and dead after a week. Sampling from outside
+costs the worker nothing and reads every system's workers alike. Samples
+carry the wall clock, to be placed against the drain window the database
+recorded (the embedded server runs on the same machine's clock).
 """
 
 from __future__ import annotations
@@ -47,13 +42,8 @@ def rss_bytes(pid: int) -> int | None:
 
 
 class RssSampler:
-    """Samples the RSS of `pids` every `interval` seconds in a background task.
-
-        async with RssSampler([worker.pid]) as sampler:
-            await worker.wait()
-        sampler.samples   # [{"t": epoch seconds, "pid": …, "rss_mib": …}, …]
-
-    A process that has exited simply stops contributing samples."""
+    """Samples the RSS of `pids` in a background task, as long as it runs
+    (`async with`): `samples`, [{"t": epoch seconds, "pid": …, "rss_mib": …}]."""
 
     def __init__(self, pids: Iterable[int], interval: float = INTERVAL) -> None:
         self.pids = list(pids)
@@ -100,15 +90,11 @@ class RssSampler:
 
 def summary(samples: Sequence[dict[str, Any]], start: float | None = None,
             end: float | None = None) -> dict[str, float]:
-    """RSS at the start and end of the window [start, end] (epoch seconds:
-    the drain as the database timed it) and the peak over every sample, in MiB.
-
-    With several processes, each figure is the largest of any one process:
-    the question is how big a worker gets. Start and end are the first and
-    last samples inside the window; a window too short to hold one (a
-    smoke-size drain takes milliseconds) has none, and they are NaN rather
-    than a reading taken while Python was still importing. The peak counts
-    every sample."""
+    """RSS (MiB) at the first and last samples inside the window [start, end]
+    (the drain as the database timed it; NaN if it holds none, rather than a
+    reading taken while Python was still importing) and the peak over every
+    sample; with several processes, the largest of any one: the question is
+    how big a worker gets."""
     nan = float("nan")
     by_pid: dict[int, list[dict[str, Any]]] = {}
     for s in samples:

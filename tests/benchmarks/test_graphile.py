@@ -3,6 +3,7 @@ processes in perfTest's configuration. Skipped where node or npm is missing."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ def graphile_installed() -> None:
 async def graphile_url(graphile_installed: None, server_url: str) -> AsyncIterator[str]:
     """A database of graphile-worker's own, its schema installed by its CLI."""
     name = f"t{uuid.uuid4().hex[:8]}"
-    url = await graphile.open_graphile(name)
+    url = await peers.open_peer("graphile-worker", name)
     yield url
     await scenarios.close_bench(name)
 
@@ -38,8 +39,9 @@ async def graphile_url(graphile_installed: None, server_url: str) -> AsyncIterat
                           ("process_payment", 2, 8)])
 async def test_graphile_drains_every_job_exactly_once(
         graphile_url: str, handler: str, workers: int, concurrency: int, tmp_path: Path) -> None:
-    row = await graphile.drain(graphile_url, n=N, workers=workers, concurrency=concurrency,
-                               handler=handler, timeout=60, log_dir=tmp_path)
+    row = await peers.drain("graphile-worker", graphile_url, n=N, workers=workers,
+                            concurrency=concurrency, handler=handler, timeout=60,
+                            log_dir=tmp_path)
     assert row["system"] == "graphile-worker" and row["handler"] == handler
     assert (row["n"], row["workers"], row["concurrency"]) == (N, workers, concurrency)
     assert row["seconds"] > 0 and row["jobs_per_sec"] == pytest.approx(N / row["seconds"])
@@ -91,9 +93,10 @@ async def test_a_job_that_cannot_run_fails_the_drain(graphile_url: str,
             await conn.close()
         return filled
 
-    monkeypatch.setattr(graphile, "fill", fill_unknown)
+    monkeypatch.setitem(peers._PEERS, "graphile-worker",
+                        dataclasses.replace(graphile.PEER, fill=fill_unknown))
     with pytest.raises(RuntimeError, match="1 of 20 left"):
-        await graphile.drain(graphile_url, n=20, concurrency=2, timeout=60)
+        await peers.drain("graphile-worker", graphile_url, n=20, concurrency=2, timeout=60)
 
 
 def test_install_is_idempotent(graphile_installed: None) -> None:

@@ -1,17 +1,9 @@
-"""oban-py's workers for the comparison benchmark, run by `oban start`.
-
-This file runs in oban-py's own virtualenv (Python 3.12 or newer, which
-oban-py requires; `jobqueue.benchmarks.obanpy` builds it), on `PYTHONPATH`
-alone, so it imports nothing from jobqueue. oban-py finds a worker by the
-dotted name its job row carries (`bench_oban.WriteRow`), importing this
-module on first use.
-
-Each worker reaches the database the way an application using oban-py
-would: oban-py lends its own pool to nothing but itself, so the tasks share
-a psycopg `AsyncConnectionPool` of their own, opened on first use and sized
-to the queue's limit (every running job can hold a connection at once). As
-with the other peers, a task's write commits on its own, before oban-py
-records the job's completion.
+"""oban-py's workers, run by `oban start` in oban-py's own virtualenv on
+`PYTHONPATH` alone (so nothing from jobqueue), found by the dotted name each
+job row carries (`bench_oban.WriteRow`). oban-py lends its pool to nothing
+but itself, so the tasks share a psycopg pool of their own, sized to the
+queue's limit; a task's write commits on its own, before oban-py records
+the job's completion, as with the other peers.
 """
 
 from __future__ import annotations
