@@ -101,33 +101,41 @@ def _flags(row: pd.Series) -> str:
                                              (LATE_FLAG, "late_runs", " runs")) if row[key])
 
 
-def _drain_columns(s: pd.DataFrame, drop: tuple[str, ...] = ()) -> pd.DataFrame:
-    """The columns every drain table shows after its setting's."""
+def _drain_table(s: pd.DataFrame, head: dict[str, Any], drop: tuple[str, ...] = (),
+                 beside: dict[str, Any] | None = None,
+                 before_runs: dict[str, Any] | None = None) -> pd.DataFrame:
+    """A drain table: the setting's columns (`head`), jobs/s (`beside` it),
+    what the drains were, `before_runs`, then runs and flags."""
     cols = pd.DataFrame({
-        f"{RATE}, median (min–max)": s.apply(_range, axis=1),
+        f"{RATE}, median (min–max)": s.apply(_range, axis=1), **(beside or {}),
         "drain s (min–max)": [_span(a, b, ".2f") for a, b in
                               zip(s["seconds_min"], s["seconds_max"], strict=True)],
         "jobs per drain": [_span(a, b) for a, b in zip(s["n_min"], s["n_max"], strict=True)],
         "workers used": [_span(a, b, "d") for a, b in
                          zip(s["used_min"].astype(int), s["used_max"].astype(int), strict=True)],
-        "last joined (s)": s["skew_max"].map(lambda v: f"{v:.2f}"),
+        "last joined (s)": s["skew_max"].map(lambda v: f"{v:.2f}"), **(before_runs or {}),
         "runs": s["runs"], "flags": s.apply(_flags, axis=1)})
-    return cols.drop(columns=list(drop))
+    return pd.concat([pd.DataFrame(head), cols.drop(columns=list(drop))], axis=1)
 
 
 _MATRIX = ["mode", "workers", "batch_size"]
 
 
-def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per mode × worker count × batch size; the fastest setting
-    without a flag is marked as such."""
-    s = drain_summary(df, _MATRIX)
-    table = pd.concat([s[_MATRIX].rename(columns={"batch_size": "batch size"}),
-                       _drain_columns(s)], axis=1)
+def throughput_table(df: pd.DataFrame, by: tuple[str, ...] = (), best: bool = True
+                     ) -> pd.DataFrame:
+    """One row per (`by` ×) mode × worker count × batch size; the fastest
+    setting without a flag is marked as such."""
+    s = drain_summary(df, [*by, *_MATRIX])
+    table = _drain_table(s, s[[*by, *_MATRIX]].rename(columns={"batch_size": "batch size"}))
     clean = s[~s["short"] & ~s["partial"]]
-    if len(clean):
+    if best and len(clean):
         table.loc[clean["median"].idxmax(), "flags"] = f"★ {BEST_FLAG}"
     return table
+
+
+def work_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Jobs that do something, per handler and setting."""
+    return throughput_table(df, ("handler",), best=False)
 
 
 def _errorbar(ax: Any, s: pd.DataFrame, x: str, **kw: Any) -> None:
@@ -172,16 +180,14 @@ def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per table size: jobs/s, and what the drain left and cost the server."""
     s = drain_summary(df, ["n"])
     medians = counted(df).groupby("n").median(numeric_only=True).reset_index(drop=True)
-    cols = _drain_columns(s, ("jobs per drain", "workers used", "last joined (s)"))
-    table = pd.concat([pd.DataFrame({"jobs in table": s["n"]}),
-                       cols.drop(columns=["runs", "flags"])], axis=1)
-    for column, name in (("dead_tuples", "dead tuples after"),
-                         ("autovacuums", "autovacuums during"), ("wal_mib", "WAL MiB"),
-                         ("full_page_images", "full-page images"),
-                         ("checkpoints", "checkpoints")):
-        if column in medians:  # results written before these columns existed lack them
-            table[name] = medians[column].round(0) if column == "wal_mib" else medians[column]
-    return pd.concat([table, cols[["runs", "flags"]]], axis=1)
+    cost = {name: medians[column].round(0) if column == "wal_mib" else medians[column]
+            for column, name in (("dead_tuples", "dead tuples after"),
+                                 ("autovacuums", "autovacuums during"), ("wal_mib", "WAL MiB"),
+                                 ("full_page_images", "full-page images"),
+                                 ("checkpoints", "checkpoints"))
+            if column in medians}  # results written before these columns existed lack them
+    return _drain_table(s, {"jobs in table": s["n"]},
+                        ("jobs per drain", "workers used", "last joined (s)"), before_runs=cost)
 
 
 def table_size_plot(df: pd.DataFrame) -> plt.Figure:
@@ -243,14 +249,6 @@ def soak_plot(timeline: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def work_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Jobs that do something, per handler × mode × worker count × batch size."""
-    by = ["handler", *_MATRIX]
-    s = drain_summary(df, by)
-    return pd.concat([s[by].rename(columns={"batch_size": "batch size"}), _drain_columns(s)],
-                     axis=1)
-
-
 def _summary(df: pd.DataFrame, by: list[str], **first: str) -> pd.DataFrame:
     """`drain_summary` with columns describing each setup beside it."""
     g = counted(df).groupby(by, sort=True)
@@ -261,11 +259,11 @@ def _summary(df: pd.DataFrame, by: list[str], **first: str) -> pd.DataFrame:
 def sync_table(df: pd.DataFrame) -> pd.DataFrame:
     """A row per handler, with what a job costs (µs: one second over the median)."""
     s = _summary(df, ["setup_order", "work", "kind", "handler"], threads="threads")
-    head = pd.DataFrame({"work": s["work"], "handler": s["kind"] + " (`" + s["handler"] + "`)"})
-    cols = _drain_columns(s, ("workers used", "last joined (s)"))
-    cols.insert(1, "µs per job", (1e6 / s["median"]).round(0))
-    cols.insert(2, "threads", s["threads"].where(s["kind"] == "sync", "–"))
-    return pd.concat([head, cols], axis=1)
+    return _drain_table(
+        s, {"work": s["work"], "handler": s["kind"] + " (`" + s["handler"] + "`)"},
+        ("workers used", "last joined (s)"),
+        beside={"µs per job": (1e6 / s["median"]).round(0),
+                "threads": s["threads"].where(s["kind"] == "sync", "–")})
 
 
 # -- queues and priorities --------------------------------------------------------
@@ -287,19 +285,18 @@ def routing_summary(df: pd.DataFrame) -> pd.DataFrame:
 def routing_table(df: pd.DataFrame) -> pd.DataFrame:
     """A row per routing setup, its jobs/s also against the first's (one queue)."""
     s = routing_summary(df)
-    head = pd.DataFrame({"setup": s["setup"], "priorities": s["priority_range"],
-                         "worker": s["settings"].map(short_settings)})
-    cols = _drain_columns(s, ("workers used", "last joined (s)"))
-    late = pd.DataFrame({
-        "× the first setup": (s["median"] / s["median"].iloc[0]).map(lambda v: f"{v:.2f}"),
-        "completed after a lower priority (median)": [
-            f"{m:,.0f} ({m / n:.1%})" for m, n in zip(s["late_median"], s["n_max"], strict=True)],
-        "late by at most (ms)": (s["late_by_max_s"] * 1000).map(lambda v: f"{v:,.1f}")})
-    return pd.concat([head, cols.drop(columns=["runs", "flags"]), late,
-                      cols[["runs", "flags"]]], axis=1)
+    return _drain_table(
+        s, {"setup": s["setup"], "priorities": s["priority_range"],
+            "worker": s["settings"].map(short_settings)}, ("workers used", "last joined (s)"),
+        before_runs={
+            "× the first setup": (s["median"] / s["median"].iloc[0]).map(lambda v: f"{v:.2f}"),
+            "completed after a lower priority (median)": [
+                f"{m:,.0f} ({m / n:.1%})"
+                for m, n in zip(s["late_median"], s["n_max"], strict=True)],
+            "late by at most (ms)": (s["late_by_max_s"] * 1000).map(lambda v: f"{v:,.1f}")})
 
 
-def routing_plot(spans: pd.DataFrame, df: pd.DataFrame) -> plt.Figure:
+def routing_plot(df: pd.DataFrame, spans: pd.DataFrame) -> plt.Figure:
     """A panel per setup with more than one priority, from its last run: a
     line per queue and priority from its first completed job to its last."""
     s = routing_summary(df)
@@ -513,7 +510,7 @@ def _plain(label: str) -> str:
     return label.replace("`", "")
 
 
-def recovery_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.Figure:
+def recovery_timeline_plot(times: pd.DataFrame, timeline: pd.DataFrame) -> plt.Figure:
     """A row per setup, a column per signal: the trial with the median
     recovery, completions per 100 ms by worker, the signal at t = 0."""
     setups = recovery_setups(times)
@@ -586,7 +583,7 @@ def failover_table(df: pd.DataFrame) -> pd.DataFrame:
         "ran twice": int(df["ran_twice"].sum())}])
 
 
-def failover_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.Figure:
+def failover_timeline_plot(times: pd.DataFrame, timeline: pd.DataFrame) -> plt.Figure:
     """The trial with the median time to resume: jobs completed per 100 ms on
     the old primary and the new one, the kill at 0 s and the promotion marked."""
     trial = times.sort_values("resume_s").iloc[len(times) // 2]
@@ -1002,7 +999,7 @@ def _bands(ax: Any, phases: pd.DataFrame, label: bool) -> None:
                     fontsize=8, transform=ax.get_xaxis_transform())
 
 
-def pressure_plot(timeline: pd.DataFrame, df: pd.DataFrame) -> plt.Figure:
+def pressure_plot(df: pd.DataFrame, timeline: pd.DataFrame) -> plt.Figure:
     """p99 (solid) and p50 (dotted) enqueue → completion per window, and the
     dead tuples in each system's tables, over the run; the phases as bands
     (shaded while something holds the horizon, darker with readers and load)."""
