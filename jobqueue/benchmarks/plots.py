@@ -77,13 +77,11 @@ def drain_summary(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     df = df.assign(short=df["seconds"] < MIN_DRAIN_SECONDS,
                    part=df["workers_used"] < df["expected"],
                    late=df["skew"] > LATE_SHARE * df["seconds"])
-    g = df.groupby(by, sort=True)
-    extra = pd.DataFrame({
-        "seconds_min": g["seconds"].min(), "seconds_max": g["seconds"].max(),
-        "n_min": g["n"].min(), "n_max": g["n"].max(),
-        "used_min": g["workers_used"].min(), "used_max": g["workers_used"].max(),
-        "short_runs": g["short"].sum().astype(int), "partial_runs": g["part"].sum().astype(int),
-        "skew_max": g["skew"].max(), "late_runs": g["late"].sum().astype(int)}).reset_index()
+    extra = df.groupby(by, sort=True).agg(
+        seconds_min=("seconds", "min"), seconds_max=("seconds", "max"), n_min=("n", "min"),
+        n_max=("n", "max"), used_min=("workers_used", "min"), used_max=("workers_used", "max"),
+        short_runs=("short", "sum"), partial_runs=("part", "sum"), skew_max=("skew", "max"),
+        late_runs=("late", "sum")).reset_index()
     s = spread(df, by, "jobs_per_sec").merge(extra, on=by)
     s["short"] = s["short_runs"] > 0
     s["partial"] = (s["partial_runs"] > 0) | (s["late_runs"] > 0)
@@ -380,10 +378,14 @@ def latency_table(df: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
         "samples (pooled)": st["samples"]})
     if "jobs_per_commit" in st:
         out["jobs per commit"] = st["jobs_per_commit"].map(lambda v: f"{v:,.1f}")
-    for label, prefix in (("to start", "start_"), ("to completion", "complete_")):
-        for q in QUANTILE_NAMES:
-            out[f"{label} {q.replace('_', '.')} (ms)"] = st[f"{prefix}{q}_ms"].map(_ms)
-    return out
+    return out.assign(**_quantiles(st, QUANTILE_NAMES))
+
+
+def _quantiles(df: pd.DataFrame, names: Any) -> dict[str, pd.Series]:
+    """The columns of each quantile `names` to start and to completion that `df` has."""
+    return {f"to {what} {q.replace('_', '.')} (ms)": df[f"{prefix}_{q}_ms"].map(_ms)
+            for what, prefix in (("start", "start"), ("completion", "complete"))
+            for q in names if f"{prefix}_{q}_ms" in df}
 
 
 def latency_plot(df: pd.DataFrame, samples: pd.DataFrame) -> plt.Figure:
@@ -483,8 +485,7 @@ def _recovery_groups(times: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]
 
 
 def _ints(values: pd.Series) -> str:
-    lo, hi = int(values.min()), int(values.max())
-    return f"{lo}" if lo == hi else f"{lo}–{hi}"
+    return _span(int(values.min()), int(values.max()), "d")
 
 
 def recovery_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -510,6 +511,17 @@ def _plain(label: str) -> str:
     return label.replace("`", "")
 
 
+def _per_100ms(ax: Any, g: pd.DataFrame, by: str, labels: dict[str, str], since: str,
+               zero: str | None = None) -> None:
+    """Bars of the jobs completed per 100 ms, blue then orange per `by`, the event at 0 s."""
+    for (value, label), color in zip(labels.items(), ("tab:blue", "tab:orange"), strict=True):
+        of = g[g[by] == value]
+        ax.bar(of["t"] + 0.05, of["jobs"], width=0.1, color=color, label=label)
+    ax.axvline(0, color="black", linestyle="--", linewidth=1, label=zero)
+    ax.set_xlabel(f"seconds from {since}", fontsize=8)
+    ax.set_ylabel("jobs per 100 ms", fontsize=8)
+
+
 def recovery_timeline_plot(times: pd.DataFrame, timeline: pd.DataFrame) -> plt.Figure:
     """A row per setup, a column per signal: the trial with the median
     recovery, completions per 100 ms by worker, the signal at t = 0."""
@@ -530,16 +542,11 @@ def recovery_timeline_plot(times: pd.DataFrame, timeline: pd.DataFrame) -> plt.F
             trial = trials.sort_values("seconds").iloc[len(trials) // 2]["trial"]
             g = timeline[(timeline["setup"] == setup) & (timeline["signal"] == name)
                          & (timeline["trial"] == trial)]
-            for worker, color in (("first", "tab:blue"), ("second", "tab:orange")):
-                w = g[g["worker"] == worker]
-                ax.bar(w["t"] + 0.05, w["jobs"], width=0.1, color=color,
-                       label=f"{worker} worker ({'active' if worker == 'first' else 'standby'})")
-            ax.axvline(0, color="black", linestyle="--", linewidth=1)
+            _per_100ms(ax, g, "worker", {"first": "first worker (active)",
+                                         "second": "second worker (standby)"}, "the signal")
             held = int(trials.loc[trials["trial"] == trial, "held_processing"].iloc[0])
             ax.set_title(f"{name}: {_plain(label)}\n(held {held} processing; signal at 0 s)",
                          fontsize=8)
-            ax.set_xlabel("seconds from the signal", fontsize=8)
-            ax.set_ylabel("jobs per 100 ms", fontsize=8)
             ax.legend(fontsize=7)
     fig.suptitle(f"all workers: {recovery_common_flags(times)}", fontsize=9)
     fig.tight_layout()
@@ -589,14 +596,11 @@ def failover_timeline_plot(times: pd.DataFrame, timeline: pd.DataFrame) -> plt.F
     trial = times.sort_values("resume_s").iloc[len(times) // 2]
     g = timeline[timeline["trial"] == trial["trial"]]
     fig, ax = plt.subplots(figsize=(6.4, 2.8))
-    for server, color in (("old primary", "tab:blue"), ("new primary", "tab:orange")):
-        s = g[g["server"] == server]
-        ax.bar(s["t"] + 0.05, s["jobs"], width=0.1, color=color, label=f"completed on the {server}")
-    ax.axvline(0, color="black", linestyle="--", linewidth=1, label="SIGKILL of the primary")
+    _per_100ms(ax, g, "server", {s: f"completed on the {s}" for s in ("old primary",
+                                                                      "new primary")},
+               "the kill", "SIGKILL of the primary")
     ax.axvline(trial["promoted_s"], color="tab:green", linestyle=":", linewidth=1.5,
                label=f"standby promoted ({trial['promoted_s']:.3f} s)")
-    ax.set_xlabel("seconds from the kill", fontsize=8)
-    ax.set_ylabel("jobs per 100 ms", fontsize=8)
     ax.set_title(f"Failover, median trial: first job on the new primary after "
                  f"{trial['resume_s']:.3f} s", fontsize=9)
     ax.legend(fontsize=7)
@@ -749,12 +753,7 @@ def peer_latency_table(df: pd.DataFrame) -> pd.DataFrame:
         if column in med:
             table[name] = med[column].map(lambda v: f"{v:g}")
     table["jobs counted"] = med["jobs"].astype(int)
-    for what, prefix in (("start", "start_"), ("completion", "complete_")):
-        for q in ("50", "99", "99_9"):
-            column = f"{prefix}p{q}_ms"
-            if column in med.columns:
-                table[f"to {what} p{q.replace('_', '.')} (ms)"] = med[column].map(_ms)
-    return table
+    return table.assign(**_quantiles(med, ("p50", "p99", "p99_9")))
 
 
 def peer_latency_plot(df: pd.DataFrame) -> plt.Figure:
