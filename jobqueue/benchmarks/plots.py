@@ -136,19 +136,6 @@ def work_table(df: pd.DataFrame) -> pd.DataFrame:
     return throughput_table(df, ("handler",), best=False)
 
 
-def _errorbar(ax: Any, s: pd.DataFrame, x: str, **kw: Any) -> None:
-    ax.errorbar(s[x], s["median"], yerr=[s["median"] - s["min"], s["max"] - s["median"]],
-                capsize=3, **kw)
-
-
-def _mark_flagged(ax: Any, s: pd.DataFrame, x: str) -> None:
-    flagged = s[s["short"] | s["partial"]]
-    if len(flagged):
-        ax.plot(flagged[x], flagged["median"], "o", markersize=13, markerfacecolor="none",
-                markeredgecolor="red", label="flagged (see the table)")
-        ax.legend(fontsize=8)
-
-
 def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, **title_kw: Any) -> Any:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -158,20 +145,39 @@ def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, **title_kw:
     return fig
 
 
-def throughput_plot(df: pd.DataFrame) -> plt.Figure:
-    s = drain_summary(df, _MATRIX)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (mode, workers), g in s.groupby(["mode", "workers"]):
-        _errorbar(ax, g, "batch_size", marker="o" if mode == "shared" else "s",
-                  linestyle="-" if mode == "shared" else "--",
-                  label=f"{mode}, {workers} worker{'s' if workers > 1 else ''}")
-    ax.legend(fontsize=8)
-    _mark_flagged(ax, s, "batch_size")
+def _drain_plot(df: pd.DataFrame, by: list[str], x: str, lines: list[str],
+                figsize: tuple[float, float], xlabel: str, ylabel: str, title: str,
+                log_y: bool) -> plt.Figure:
+    """Medians with min–max whiskers against `x`, a line per `lines` value
+    (shared drains solid), flagged settings circled in red."""
+    s = drain_summary(df, by)
+    fig, ax = plt.subplots(figsize=figsize)
+    series: Any = s.groupby(lines) if lines else [(("shared", 0), s)]
+    for (mode, workers), g in series:
+        ax.errorbar(g[x], g["median"], yerr=[g["median"] - g["min"], g["max"] - g["median"]],
+                    capsize=3, marker="o" if mode == "shared" else "s",
+                    linestyle="-" if mode == "shared" else "--",
+                    label=f"{mode}, {workers} worker{'s' if workers > 1 else ''}" if lines
+                    else None)
+    flagged = s[s["short"] | s["partial"]]
+    if len(flagged):
+        ax.plot(flagged[x], flagged["median"], "o", markersize=13, markerfacecolor="none",
+                markeredgecolor="red", label="flagged (see the table)")
+    if lines or len(flagged):
+        ax.legend(fontsize=8)
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    return _finish(fig, ax, "batch size (jobs per transaction)",
-                   f"drain throughput ({RATE}, median, min–max)",
-                   f"Draining {WORKLOADS.get(workload(df), workload(df))}")
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    return _finish(fig, ax, xlabel, ylabel, title)
+
+
+def throughput_plot(df: pd.DataFrame) -> plt.Figure:
+    return _drain_plot(df, _MATRIX, "batch_size", ["mode", "workers"], (7, 4.2),
+                       "batch size (jobs per transaction)",
+                       f"drain throughput ({RATE}, median, min–max)",
+                       f"Draining {WORKLOADS.get(workload(df), workload(df))}", log_y=True)
 
 
 def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -189,14 +195,9 @@ def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def table_size_plot(df: pd.DataFrame) -> plt.Figure:
-    s = drain_summary(df, ["n"])
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    _errorbar(ax, s, "n", marker="o")
-    _mark_flagged(ax, s, "n")
-    ax.set_xscale("log")
-    ax.set_ylim(bottom=0)
-    return _finish(fig, ax, "jobs in the table at the start", f"drain throughput ({RATE})",
-                   "Does cost grow with the table?")
+    return _drain_plot(df, ["n"], "n", [], (6, 3.8), "jobs in the table at the start",
+                       f"drain throughput ({RATE})", "Does cost grow with the table?",
+                       log_y=False)
 
 
 def _climbing(later: float, earlier: float) -> bool:

@@ -332,7 +332,7 @@ def _run(results: Path, name: str) -> str:
 def _ms(value: float) -> str:
     """Two decimals under 10 ms (a goal of 1.5 ms must not read as met by
     rounding), one above."""
-    return "–" if pd.isna(value) else f"{value:,.{2 if value < 10 else 1}f}"
+    return plots._ms(value, ",.2f" if value < 10 else ",.1f")
 
 
 def headline_table(results: Path) -> pd.DataFrame:
