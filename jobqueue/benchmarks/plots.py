@@ -77,13 +77,11 @@ def drain_summary(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     df = df.assign(short=df["seconds"] < MIN_DRAIN_SECONDS,
                    part=df["workers_used"] < df["expected"],
                    late=df["skew"] > LATE_SHARE * df["seconds"])
-    g = df.groupby(by, sort=True)
-    extra = pd.DataFrame({
-        "seconds_min": g["seconds"].min(), "seconds_max": g["seconds"].max(),
-        "n_min": g["n"].min(), "n_max": g["n"].max(),
-        "used_min": g["workers_used"].min(), "used_max": g["workers_used"].max(),
-        "short_runs": g["short"].sum().astype(int), "partial_runs": g["part"].sum().astype(int),
-        "skew_max": g["skew"].max(), "late_runs": g["late"].sum().astype(int)}).reset_index()
+    extra = df.groupby(by, sort=True).agg(
+        seconds_min=("seconds", "min"), seconds_max=("seconds", "max"), n_min=("n", "min"),
+        n_max=("n", "max"), used_min=("workers_used", "min"), used_max=("workers_used", "max"),
+        short_runs=("short", "sum"), partial_runs=("part", "sum"), skew_max=("skew", "max"),
+        late_runs=("late", "sum")).reset_index()
     s = spread(df, by, "jobs_per_sec").merge(extra, on=by)
     s["short"] = s["short_runs"] > 0
     s["partial"] = (s["partial_runs"] > 0) | (s["late_runs"] > 0)
@@ -101,46 +99,41 @@ def _flags(row: pd.Series) -> str:
                                              (LATE_FLAG, "late_runs", " runs")) if row[key])
 
 
-def _drain_columns(s: pd.DataFrame, drop: tuple[str, ...] = ()) -> pd.DataFrame:
-    """The columns every drain table shows after its setting's."""
+def _drain_table(s: pd.DataFrame, head: dict[str, Any], drop: tuple[str, ...] = (),
+                 beside: dict[str, Any] | None = None,
+                 before_runs: dict[str, Any] | None = None) -> pd.DataFrame:
+    """A drain table: the setting's columns (`head`), jobs/s (`beside` it),
+    what the drains were, `before_runs`, then runs and flags."""
     cols = pd.DataFrame({
-        f"{RATE}, median (min–max)": s.apply(_range, axis=1),
+        f"{RATE}, median (min–max)": s.apply(_range, axis=1), **(beside or {}),
         "drain s (min–max)": [_span(a, b, ".2f") for a, b in
                               zip(s["seconds_min"], s["seconds_max"], strict=True)],
         "jobs per drain": [_span(a, b) for a, b in zip(s["n_min"], s["n_max"], strict=True)],
         "workers used": [_span(a, b, "d") for a, b in
                          zip(s["used_min"].astype(int), s["used_max"].astype(int), strict=True)],
-        "last joined (s)": s["skew_max"].map(lambda v: f"{v:.2f}"),
+        "last joined (s)": s["skew_max"].map(lambda v: f"{v:.2f}"), **(before_runs or {}),
         "runs": s["runs"], "flags": s.apply(_flags, axis=1)})
-    return cols.drop(columns=list(drop))
+    return pd.concat([pd.DataFrame(head), cols.drop(columns=list(drop))], axis=1)
 
 
 _MATRIX = ["mode", "workers", "batch_size"]
 
 
-def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per mode × worker count × batch size; the fastest setting
-    without a flag is marked as such."""
-    s = drain_summary(df, _MATRIX)
-    table = pd.concat([s[_MATRIX].rename(columns={"batch_size": "batch size"}),
-                       _drain_columns(s)], axis=1)
+def throughput_table(df: pd.DataFrame, by: tuple[str, ...] = (), best: bool = True
+                     ) -> pd.DataFrame:
+    """One row per (`by` ×) mode × worker count × batch size; the fastest
+    setting without a flag is marked as such."""
+    s = drain_summary(df, [*by, *_MATRIX])
+    table = _drain_table(s, s[[*by, *_MATRIX]].rename(columns={"batch_size": "batch size"}))
     clean = s[~s["short"] & ~s["partial"]]
-    if len(clean):
+    if best and len(clean):
         table.loc[clean["median"].idxmax(), "flags"] = f"★ {BEST_FLAG}"
     return table
 
 
-def _errorbar(ax: Any, s: pd.DataFrame, x: str, **kw: Any) -> None:
-    ax.errorbar(s[x], s["median"], yerr=[s["median"] - s["min"], s["max"] - s["median"]],
-                capsize=3, **kw)
-
-
-def _mark_flagged(ax: Any, s: pd.DataFrame, x: str) -> None:
-    flagged = s[s["short"] | s["partial"]]
-    if len(flagged):
-        ax.plot(flagged[x], flagged["median"], "o", markersize=13, markerfacecolor="none",
-                markeredgecolor="red", label="flagged (see the table)")
-        ax.legend(fontsize=8)
+def work_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Jobs that do something, per handler and setting."""
+    return throughput_table(df, ("handler",), best=False)
 
 
 def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, **title_kw: Any) -> Any:
@@ -152,47 +145,59 @@ def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, **title_kw:
     return fig
 
 
-def throughput_plot(df: pd.DataFrame) -> plt.Figure:
-    s = drain_summary(df, _MATRIX)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (mode, workers), g in s.groupby(["mode", "workers"]):
-        _errorbar(ax, g, "batch_size", marker="o" if mode == "shared" else "s",
-                  linestyle="-" if mode == "shared" else "--",
-                  label=f"{mode}, {workers} worker{'s' if workers > 1 else ''}")
-    ax.legend(fontsize=8)
-    _mark_flagged(ax, s, "batch_size")
+def _drain_plot(df: pd.DataFrame, by: list[str], x: str, lines: list[str],
+                figsize: tuple[float, float], xlabel: str, ylabel: str, title: str,
+                log_y: bool) -> plt.Figure:
+    """Medians with min–max whiskers against `x`, a line per `lines` value
+    (shared drains solid), flagged settings circled in red."""
+    s = drain_summary(df, by)
+    fig, ax = plt.subplots(figsize=figsize)
+    series: Any = s.groupby(lines) if lines else [(("shared", 0), s)]
+    for (mode, workers), g in series:
+        ax.errorbar(g[x], g["median"], yerr=[g["median"] - g["min"], g["max"] - g["median"]],
+                    capsize=3, marker="o" if mode == "shared" else "s",
+                    linestyle="-" if mode == "shared" else "--",
+                    label=f"{mode}, {workers} worker{'s' if workers > 1 else ''}" if lines
+                    else None)
+    flagged = s[s["short"] | s["partial"]]
+    if len(flagged):
+        ax.plot(flagged[x], flagged["median"], "o", markersize=13, markerfacecolor="none",
+                markeredgecolor="red", label="flagged (see the table)")
+    if lines or len(flagged):
+        ax.legend(fontsize=8)
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    return _finish(fig, ax, "batch size (jobs per transaction)",
-                   f"drain throughput ({RATE}, median, min–max)",
-                   f"Draining {WORKLOADS.get(workload(df), workload(df))}")
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    return _finish(fig, ax, xlabel, ylabel, title)
+
+
+def throughput_plot(df: pd.DataFrame) -> plt.Figure:
+    return _drain_plot(df, _MATRIX, "batch_size", ["mode", "workers"], (7, 4.2),
+                       "batch size (jobs per transaction)",
+                       f"drain throughput ({RATE}, median, min–max)",
+                       f"Draining {WORKLOADS.get(workload(df), workload(df))}", log_y=True)
 
 
 def table_size_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per table size: jobs/s, and what the drain left and cost the server."""
     s = drain_summary(df, ["n"])
     medians = counted(df).groupby("n").median(numeric_only=True).reset_index(drop=True)
-    cols = _drain_columns(s, ("jobs per drain", "workers used", "last joined (s)"))
-    table = pd.concat([pd.DataFrame({"jobs in table": s["n"]}),
-                       cols.drop(columns=["runs", "flags"])], axis=1)
-    for column, name in (("dead_tuples", "dead tuples after"),
-                         ("autovacuums", "autovacuums during"), ("wal_mib", "WAL MiB"),
-                         ("full_page_images", "full-page images"),
-                         ("checkpoints", "checkpoints")):
-        if column in medians:  # results written before these columns existed lack them
-            table[name] = medians[column].round(0) if column == "wal_mib" else medians[column]
-    return pd.concat([table, cols[["runs", "flags"]]], axis=1)
+    cost = {name: medians[column].round(0) if column == "wal_mib" else medians[column]
+            for column, name in (("dead_tuples", "dead tuples after"),
+                                 ("autovacuums", "autovacuums during"), ("wal_mib", "WAL MiB"),
+                                 ("full_page_images", "full-page images"),
+                                 ("checkpoints", "checkpoints"))
+            if column in medians}  # results written before these columns existed lack them
+    return _drain_table(s, {"jobs in table": s["n"]},
+                        ("jobs per drain", "workers used", "last joined (s)"), before_runs=cost)
 
 
 def table_size_plot(df: pd.DataFrame) -> plt.Figure:
-    s = drain_summary(df, ["n"])
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    _errorbar(ax, s, "n", marker="o")
-    _mark_flagged(ax, s, "n")
-    ax.set_xscale("log")
-    ax.set_ylim(bottom=0)
-    return _finish(fig, ax, "jobs in the table at the start", f"drain throughput ({RATE})",
-                   "Does cost grow with the table?")
+    return _drain_plot(df, ["n"], "n", [], (6, 3.8), "jobs in the table at the start",
+                       f"drain throughput ({RATE})", "Does cost grow with the table?",
+                       log_y=False)
 
 
 def _climbing(later: float, earlier: float) -> bool:
@@ -243,14 +248,6 @@ def soak_plot(timeline: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def work_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Jobs that do something, per handler × mode × worker count × batch size."""
-    by = ["handler", *_MATRIX]
-    s = drain_summary(df, by)
-    return pd.concat([s[by].rename(columns={"batch_size": "batch size"}), _drain_columns(s)],
-                     axis=1)
-
-
 def _summary(df: pd.DataFrame, by: list[str], **first: str) -> pd.DataFrame:
     """`drain_summary` with columns describing each setup beside it."""
     g = counted(df).groupby(by, sort=True)
@@ -261,11 +258,11 @@ def _summary(df: pd.DataFrame, by: list[str], **first: str) -> pd.DataFrame:
 def sync_table(df: pd.DataFrame) -> pd.DataFrame:
     """A row per handler, with what a job costs (µs: one second over the median)."""
     s = _summary(df, ["setup_order", "work", "kind", "handler"], threads="threads")
-    head = pd.DataFrame({"work": s["work"], "handler": s["kind"] + " (`" + s["handler"] + "`)"})
-    cols = _drain_columns(s, ("workers used", "last joined (s)"))
-    cols.insert(1, "µs per job", (1e6 / s["median"]).round(0))
-    cols.insert(2, "threads", s["threads"].where(s["kind"] == "sync", "–"))
-    return pd.concat([head, cols], axis=1)
+    return _drain_table(
+        s, {"work": s["work"], "handler": s["kind"] + " (`" + s["handler"] + "`)"},
+        ("workers used", "last joined (s)"),
+        beside={"µs per job": (1e6 / s["median"]).round(0),
+                "threads": s["threads"].where(s["kind"] == "sync", "–")})
 
 
 # -- queues and priorities --------------------------------------------------------
@@ -287,19 +284,18 @@ def routing_summary(df: pd.DataFrame) -> pd.DataFrame:
 def routing_table(df: pd.DataFrame) -> pd.DataFrame:
     """A row per routing setup, its jobs/s also against the first's (one queue)."""
     s = routing_summary(df)
-    head = pd.DataFrame({"setup": s["setup"], "priorities": s["priority_range"],
-                         "worker": s["settings"].map(short_settings)})
-    cols = _drain_columns(s, ("workers used", "last joined (s)"))
-    late = pd.DataFrame({
-        "× the first setup": (s["median"] / s["median"].iloc[0]).map(lambda v: f"{v:.2f}"),
-        "completed after a lower priority (median)": [
-            f"{m:,.0f} ({m / n:.1%})" for m, n in zip(s["late_median"], s["n_max"], strict=True)],
-        "late by at most (ms)": (s["late_by_max_s"] * 1000).map(lambda v: f"{v:,.1f}")})
-    return pd.concat([head, cols.drop(columns=["runs", "flags"]), late,
-                      cols[["runs", "flags"]]], axis=1)
+    return _drain_table(
+        s, {"setup": s["setup"], "priorities": s["priority_range"],
+            "worker": s["settings"].map(short_settings)}, ("workers used", "last joined (s)"),
+        before_runs={
+            "× the first setup": (s["median"] / s["median"].iloc[0]).map(lambda v: f"{v:.2f}"),
+            "completed after a lower priority (median)": [
+                f"{m:,.0f} ({m / n:.1%})"
+                for m, n in zip(s["late_median"], s["n_max"], strict=True)],
+            "late by at most (ms)": (s["late_by_max_s"] * 1000).map(lambda v: f"{v:,.1f}")})
 
 
-def routing_plot(spans: pd.DataFrame, df: pd.DataFrame) -> plt.Figure:
+def routing_plot(df: pd.DataFrame, spans: pd.DataFrame) -> plt.Figure:
     """A panel per setup with more than one priority, from its last run: a
     line per queue and priority from its first completed job to its last."""
     s = routing_summary(df)
@@ -383,10 +379,14 @@ def latency_table(df: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
         "samples (pooled)": st["samples"]})
     if "jobs_per_commit" in st:
         out["jobs per commit"] = st["jobs_per_commit"].map(lambda v: f"{v:,.1f}")
-    for label, prefix in (("to start", "start_"), ("to completion", "complete_")):
-        for q in QUANTILE_NAMES:
-            out[f"{label} {q.replace('_', '.')} (ms)"] = st[f"{prefix}{q}_ms"].map(_ms)
-    return out
+    return out.assign(**_quantiles(st, QUANTILE_NAMES))
+
+
+def _quantiles(df: pd.DataFrame, names: Any) -> dict[str, pd.Series]:
+    """The columns of each quantile `names` to start and to completion that `df` has."""
+    return {f"to {what} {q.replace('_', '.')} (ms)": df[f"{prefix}_{q}_ms"].map(_ms)
+            for what, prefix in (("start", "start"), ("completion", "complete"))
+            for q in names if f"{prefix}_{q}_ms" in df}
 
 
 def latency_plot(df: pd.DataFrame, samples: pd.DataFrame) -> plt.Figure:
@@ -486,8 +486,7 @@ def _recovery_groups(times: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]
 
 
 def _ints(values: pd.Series) -> str:
-    lo, hi = int(values.min()), int(values.max())
-    return f"{lo}" if lo == hi else f"{lo}–{hi}"
+    return _span(int(values.min()), int(values.max()), "d")
 
 
 def recovery_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -513,7 +512,18 @@ def _plain(label: str) -> str:
     return label.replace("`", "")
 
 
-def recovery_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.Figure:
+def _per_100ms(ax: Any, g: pd.DataFrame, by: str, labels: dict[str, str], since: str,
+               zero: str | None = None) -> None:
+    """Bars of the jobs completed per 100 ms, blue then orange per `by`, the event at 0 s."""
+    for (value, label), color in zip(labels.items(), ("tab:blue", "tab:orange"), strict=True):
+        of = g[g[by] == value]
+        ax.bar(of["t"] + 0.05, of["jobs"], width=0.1, color=color, label=label)
+    ax.axvline(0, color="black", linestyle="--", linewidth=1, label=zero)
+    ax.set_xlabel(f"seconds from {since}", fontsize=8)
+    ax.set_ylabel("jobs per 100 ms", fontsize=8)
+
+
+def recovery_timeline_plot(times: pd.DataFrame, timeline: pd.DataFrame) -> plt.Figure:
     """A row per setup, a column per signal: the trial with the median
     recovery, completions per 100 ms by worker, the signal at t = 0."""
     setups = recovery_setups(times)
@@ -533,16 +543,11 @@ def recovery_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.F
             trial = trials.sort_values("seconds").iloc[len(trials) // 2]["trial"]
             g = timeline[(timeline["setup"] == setup) & (timeline["signal"] == name)
                          & (timeline["trial"] == trial)]
-            for worker, color in (("first", "tab:blue"), ("second", "tab:orange")):
-                w = g[g["worker"] == worker]
-                ax.bar(w["t"] + 0.05, w["jobs"], width=0.1, color=color,
-                       label=f"{worker} worker ({'active' if worker == 'first' else 'standby'})")
-            ax.axvline(0, color="black", linestyle="--", linewidth=1)
+            _per_100ms(ax, g, "worker", {"first": "first worker (active)",
+                                         "second": "second worker (standby)"}, "the signal")
             held = int(trials.loc[trials["trial"] == trial, "held_processing"].iloc[0])
             ax.set_title(f"{name}: {_plain(label)}\n(held {held} processing; signal at 0 s)",
                          fontsize=8)
-            ax.set_xlabel("seconds from the signal", fontsize=8)
-            ax.set_ylabel("jobs per 100 ms", fontsize=8)
             ax.legend(fontsize=7)
     fig.suptitle(f"all workers: {recovery_common_flags(times)}", fontsize=9)
     fig.tight_layout()
@@ -586,20 +591,17 @@ def failover_table(df: pd.DataFrame) -> pd.DataFrame:
         "ran twice": int(df["ran_twice"].sum())}])
 
 
-def failover_timeline_plot(timeline: pd.DataFrame, times: pd.DataFrame) -> plt.Figure:
+def failover_timeline_plot(times: pd.DataFrame, timeline: pd.DataFrame) -> plt.Figure:
     """The trial with the median time to resume: jobs completed per 100 ms on
     the old primary and the new one, the kill at 0 s and the promotion marked."""
     trial = times.sort_values("resume_s").iloc[len(times) // 2]
     g = timeline[timeline["trial"] == trial["trial"]]
     fig, ax = plt.subplots(figsize=(6.4, 2.8))
-    for server, color in (("old primary", "tab:blue"), ("new primary", "tab:orange")):
-        s = g[g["server"] == server]
-        ax.bar(s["t"] + 0.05, s["jobs"], width=0.1, color=color, label=f"completed on the {server}")
-    ax.axvline(0, color="black", linestyle="--", linewidth=1, label="SIGKILL of the primary")
+    _per_100ms(ax, g, "server", {s: f"completed on the {s}" for s in ("old primary",
+                                                                      "new primary")},
+               "the kill", "SIGKILL of the primary")
     ax.axvline(trial["promoted_s"], color="tab:green", linestyle=":", linewidth=1.5,
                label=f"standby promoted ({trial['promoted_s']:.3f} s)")
-    ax.set_xlabel("seconds from the kill", fontsize=8)
-    ax.set_ylabel("jobs per 100 ms", fontsize=8)
     ax.set_title(f"Failover, median trial: first job on the new primary after "
                  f"{trial['resume_s']:.3f} s", fontsize=9)
     ax.legend(fontsize=7)
@@ -752,12 +754,7 @@ def peer_latency_table(df: pd.DataFrame) -> pd.DataFrame:
         if column in med:
             table[name] = med[column].map(lambda v: f"{v:g}")
     table["jobs counted"] = med["jobs"].astype(int)
-    for what, prefix in (("start", "start_"), ("completion", "complete_")):
-        for q in ("50", "99", "99_9"):
-            column = f"{prefix}p{q}_ms"
-            if column in med.columns:
-                table[f"to {what} p{q.replace('_', '.')} (ms)"] = med[column].map(_ms)
-    return table
+    return table.assign(**_quantiles(med, ("p50", "p99", "p99_9")))
 
 
 def peer_latency_plot(df: pd.DataFrame) -> plt.Figure:
@@ -1002,7 +999,7 @@ def _bands(ax: Any, phases: pd.DataFrame, label: bool) -> None:
                     fontsize=8, transform=ax.get_xaxis_transform())
 
 
-def pressure_plot(timeline: pd.DataFrame, df: pd.DataFrame) -> plt.Figure:
+def pressure_plot(df: pd.DataFrame, timeline: pd.DataFrame) -> plt.Figure:
     """p99 (solid) and p50 (dotted) enqueue → completion per window, and the
     dead tuples in each system's tables, over the run; the phases as bands
     (shaded while something holds the horizon, darker with readers and load)."""

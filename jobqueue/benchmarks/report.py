@@ -13,6 +13,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,85 +74,123 @@ def note(name: str) -> str:
 # -- the sections --------------------------------------------------------------------
 
 
-def _table_figure(results: Path, name: str, table: pd.DataFrame, fig: Any,
-                  floatfmt: str = ",.0f") -> list[str]:
-    return [plots.markdown(table, floatfmt), "", _figure(fig, name, results), ""]
+@dataclass(frozen=True)
+class Part:
+    """A (sub)section: its heading, the paragraphs above its table (the note
+    `name` unless `text` says otherwise), the table, the notes `between` it and
+    the configurations run (`configured`), the figures and the notes `after`.
+    Every function is given the frames of `files`, loaded; a part whose first
+    file is missing is left out."""
+    heading: str | Callable[..., str]
+    name: str
+    files: tuple[str, ...]
+    table: Callable[..., pd.DataFrame]
+    figures: tuple[tuple[str, Callable[..., Any]], ...] = ()
+    fmt: str = ",.0f"
+    text: Callable[..., list[str]] | None = None
+    between: tuple[str, ...] = ()
+    configured: bool = False
+    after: tuple[str, ...] = ()
 
 
-def _throughput(results: Path) -> str:
-    df, _ = load("throughput_matrix", results)
-    lines = ["## Throughput", "", note("throughput"), "",
-             *_table_figure(results, "throughput", plots.throughput_table(df),
-                            plots.throughput_plot(df))]
-    if (results / "throughput_table_size.csv").exists():
-        sdf, _ = load("throughput_table_size", results)
-        lines += ["### Does cost grow with the table?", "", note("table_size"), "",
-                  *_table_figure(results, "table_size", plots.table_size_table(sdf),
-                                 plots.table_size_plot(sdf))]
-    if (results / "throughput_soak.csv").exists():
-        summary, _ = load("throughput_soak", results)
-        timeline, _ = load("throughput_soak_timeline", results)
-        lines += ["### A long run: does the table stay healthy?", "", note("soak"), "",
-                  *_table_figure(results, "soak", plots.soak_table(summary),
-                                 plots.soak_plot(timeline), ",.1f")]
-    if (results / "throughput_work.csv").exists():
-        wdf, _ = load("throughput_work", results)
-        lines += ["### Jobs that do something", "", note("work"), "",
-                  plots.markdown(plots.work_table(wdf)), ""]
-    if (results / "throughput_routing.csv").exists():
-        lines += _routing(results)
-    if (results / "throughput_sync.csv").exists():
-        lines += _sync(results)
-    return "\n".join(lines).rstrip("\n")
+def _paragraphs(texts: Any) -> list[str]:
+    return [line for text in texts for line in (text, "")]
 
 
-def _routing(results: Path) -> list[str]:
-    rdf, _ = load("throughput_routing", results)
-    spans, _ = load("throughput_routing_spans", results)
-    return ["### Queues and priorities", "", note("routing"), "",
-            *_table_figure(results, "routing", plots.routing_table(rdf),
-                           plots.routing_plot(spans, rdf))]
+def _part(results: Path, part: Part) -> list[str]:
+    if not (results / f"{part.files[0]}.csv").exists():
+        return []
+    frames = [load(name, results)[0] for name in part.files]
+    heading = part.heading(*frames) if callable(part.heading) else part.heading
+    text = part.text(results, *frames) if part.text else [note(part.name)]
+    lines = [heading, "", *_paragraphs(text),
+             plots.markdown(part.table(*frames), part.fmt), "",
+             *_paragraphs(map(note, part.between))]
+    if part.configured:
+        lines += [*configuration_notes(frames[0]), ""]
+    return (lines + _paragraphs(_figure(fn(*frames), name, results) for name, fn in part.figures)
+            + _paragraphs(map(note, part.after)))
 
 
-def _sync(results: Path) -> list[str]:
-    sdf, _ = load("throughput_sync", results)
-    return ["### Sync handlers beside async ones", "", note("sync"), "",
-            plots.markdown(plots.sync_table(sdf)), ""]
+def _section(results: Path, *parts: Part, intro: Sequence[str] = ()) -> str:
+    return "\n".join([*intro, *(line for p in parts for line in _part(results, p))]).rstrip("\n")
 
 
-def _latency(results: Path) -> str:
-    df, _ = load("latency", results)
-    samples, _ = load("latency_samples", results)
-    return "\n".join([
-        "## Latency", "", note("latency"), "",
-        *_table_figure(results, "latency", plots.latency_table(df, samples),
-                       plots.latency_plot(df, samples), ",.1f"),
-        _figure(plots.latency_histogram(samples), "latency_histogram", results)])
+def _recovery_text(_: Path, times: pd.DataFrame, *__: Any) -> list[str]:
+    return ["The active worker is killed (SIGKILL) or frozen (SIGSTOP) while it works through a "
+            "stream of jobs; both workers run "
+            f"`jobqueue worker {plots.recovery_common_flags(times, 'argv')}` plus the setup's "
+            f"own flags. {note('recovery')}"]
 
 
-def _recovery(results: Path) -> str:
-    times, _ = load("recovery", results)
-    timeline, _ = load("recovery_timeline", results)
-    lines = [
-        "## Dead-worker recovery", "",
-        "The active worker is killed (SIGKILL) or frozen (SIGSTOP) while it works through a "
-        "stream of jobs; both workers run "
-        f"`jobqueue worker {plots.recovery_common_flags(times, 'argv')}` plus the setup's own "
-        f"flags. {note('recovery')}", "",
-        *_table_figure(results, "recovery_timeline", plots.recovery_table(times),
-                       plots.recovery_timeline_plot(timeline, times), ",.3f"),
-        _figure(plots.recovery_times_plot(times), "recovery_times", results)]
-    if (results / "recovery_failover.csv").exists():
-        times, _ = load("recovery_failover", results)
-        timeline, _ = load("recovery_failover_timeline", results)
-        lines += [
-            "", "### PostgreSQL failover", "",
-            note("failover"), "",
+def _failover_text(_: Path, times: pd.DataFrame, *__: Any) -> list[str]:
+    return [note("failover"),
             f"Here the worker ran `jobqueue worker {times['argv'].iloc[0]}`, through "
-            f"{int(times['jobs'].iloc[0]):,} jobs of {times['job_ms'].iloc[0]:g} ms a trial.", "",
-            *_table_figure(results, "recovery_failover_timeline", plots.failover_table(times),
-                           plots.failover_timeline_plot(timeline, times), ",.3f")]
-    return "\n".join(lines).rstrip("\n")
+            f"{int(times['jobs'].iloc[0]):,} jobs of {times['job_ms'].iloc[0]:g} ms a trial."]
+
+
+def _pressure_text(results: Path, df: pd.DataFrame, *_: Any) -> list[str]:
+    context = results_context("pressure", results)
+    return [note("pressure"),
+            f"This run: {', '.join(plots.SYSTEM_NAMES[s] for s in plots.systems(df))}; load "
+            f"capped at {context.get('pressure_max_rate', '?')} jobs/s, the first "
+            f"{context.get('pressure_warmup', '?')} s left out, wait events sampled every "
+            f"{context.get('pressure_interval', '?')} s, the figure's windows "
+            f"{context.get('pressure_window', '?')} s."]
+
+
+def _1(fn: Callable[[pd.DataFrame], Any]) -> Callable[..., Any]:
+    return lambda df, *_: fn(df)  # of the part's first file only
+
+
+def _2(fn: Callable[[pd.DataFrame], Any]) -> Callable[..., Any]:
+    return lambda _, other: fn(other)  # of its second file only
+
+
+#: The comparison's drain results, one file per workload (what the jobs do).
+COMPARISON_DRAINS = (("comparison_drain", "noop"), ("comparison_write_row", "write_row"),
+                     ("comparison_process_payment", "process_payment"))
+PARTS = {part.name: part for part in (
+    Part("## Throughput", "throughput", ("throughput_matrix",), plots.throughput_table,
+         (("throughput", plots.throughput_plot),)),
+    Part("### Does cost grow with the table?", "table_size", ("throughput_table_size",),
+         plots.table_size_table, (("table_size", plots.table_size_plot),)),
+    Part("### A long run: does the table stay healthy?", "soak",
+         ("throughput_soak", "throughput_soak_timeline"), _1(plots.soak_table),
+         (("soak", _2(plots.soak_plot)),), ",.1f"),
+    Part("### Jobs that do something", "work", ("throughput_work",), plots.work_table),
+    Part("### Queues and priorities", "routing",
+         ("throughput_routing", "throughput_routing_spans"), _1(plots.routing_table),
+         (("routing", plots.routing_plot),)),
+    Part("### Sync handlers beside async ones", "sync", ("throughput_sync",), plots.sync_table),
+    Part("## Latency", "latency", ("latency", "latency_samples"), plots.latency_table,
+         (("latency", plots.latency_plot), ("latency_histogram", _2(plots.latency_histogram))),
+         ",.1f"),
+    Part("## Dead-worker recovery", "recovery", ("recovery", "recovery_timeline"),
+         _1(plots.recovery_table), (("recovery_timeline", plots.recovery_timeline_plot),
+                                    ("recovery_times", _1(plots.recovery_times_plot))),
+         ",.3f", _recovery_text),
+    Part("### PostgreSQL failover", "failover",
+         ("recovery_failover", "recovery_failover_timeline"), _1(plots.failover_table),
+         (("recovery_failover_timeline", plots.failover_timeline_plot),), ",.3f", _failover_text),
+    *(Part(lambda df: f"### Draining {plots.usual_n(df):,} "
+                      f"{plots.WORKLOADS[plots.workload(df)]}", name, (name,),
+           plots.peer_drain_table, ((name, plots.peer_drain_plot),),
+           text=lambda *_: [note("drain")], configured=True,
+           after=("per_job_commits",) if handler == "noop" else ())
+      for name, handler in COMPARISON_DRAINS),
+    Part("### Latency under open-loop arrivals", "peer_latency",
+         ("comparison_latency", "comparison_latency_samples"), _1(plots.peer_latency_table),
+         (("comparison_latency", _1(plots.peer_latency_plot)),
+          ("comparison_latency_cdf", _2(plots.peer_latency_cdf))), ",.1f", configured=True,
+         after=("pgqueuer_buffer",)),
+    Part("### Memory over a long drain", "memory",
+         ("comparison_memory", "comparison_memory_timeline"), _1(plots.peer_memory_table),
+         (("comparison_memory", _2(plots.peer_memory_plot)),), ",.2f", configured=True),
+    Part("## Under pressure: vacuum held back", "pressure", ("pressure", "pressure_timeline"),
+         plots.pressure_table, (("pressure", plots.pressure_plot),), ",.1f", _pressure_text,
+         between=("pressure_goal",), configured=True),
+)}
 
 
 def configuration_notes(df: pd.DataFrame) -> list[str]:
@@ -171,59 +210,21 @@ def configuration_notes(df: pd.DataFrame) -> list[str]:
 
 def _peers(results: Path) -> str:
     """jobqueue beside its peers (`comparison.ipynb`)."""
-    _, context = load("comparison_drain", results)
     versions = ", ".join(f"{plots.SYSTEM_NAMES[k.removesuffix('_version')]} {v}"
-                         for k, v in context.items() if k.endswith("_version"))
-    lines = ["## Beside its peers: PgQueuer, Procrastinate, oban-py, graphile-worker and the "
-             "course's design", "",
-             note("peers"), "", f"Versions: {versions or 'unknown'}.", ""]
-    for name, handler in COMPARISON_DRAINS:
-        if (results / f"{name}.csv").exists():
-            df, _ = load(name, results)
-            lines += [f"### Draining {plots.usual_n(df):,} {plots.WORKLOADS[handler]}", "",
-                      note("drain"), "", plots.markdown(plots.peer_drain_table(df)), "",
-                      *configuration_notes(df), "",
-                      _figure(plots.peer_drain_plot(df), name, results), "",
-                      *([note("per_job_commits"), ""] if handler == "noop" else [])]
-    if (results / "comparison_latency.csv").exists():
-        df, _ = load("comparison_latency", results)
-        samples, _ = load("comparison_latency_samples", results)
-        lines += ["### Latency under open-loop arrivals", "", note("peer_latency"), "",
-                  plots.markdown(plots.peer_latency_table(df), ",.1f"), "",
-                  *configuration_notes(df), "",
-                  _figure(plots.peer_latency_plot(df), "comparison_latency", results), "",
-                  _figure(plots.peer_latency_cdf(samples), "comparison_latency_cdf", results),
-                  "", note("pgqueuer_buffer"), ""]
-    if (results / "comparison_memory.csv").exists():
-        df, _ = load("comparison_memory", results)
-        timeline, _ = load("comparison_memory_timeline", results)
-        lines += ["### Memory over a long drain", "", note("memory"), "",
-                  plots.markdown(plots.peer_memory_table(df), ",.2f"), "",
-                  *configuration_notes(df), "",
-                  _figure(plots.peer_memory_plot(timeline), "comparison_memory", results)]
-    return "\n".join(lines).rstrip("\n")
+                         for k, v in results_context("comparison_drain", results).items()
+                         if k.endswith("_version"))
+    return _section(results, *(PARTS[name] for name in (
+        *(name for name, _ in COMPARISON_DRAINS), "peer_latency", "memory")), intro=[
+        "## Beside its peers: PgQueuer, Procrastinate, oban-py, graphile-worker and the "
+        "course's design", "", note("peers"), "", f"Versions: {versions or 'unknown'}.", ""])
 
 
 def _pressure(results: Path) -> str:
-    """The queues while vacuum is held back (`pressure.ipynb`)."""
-    df, context = load("pressure", results)
-    timeline, _ = load("pressure_timeline", results)
-    lines = [
-        "## Under pressure: vacuum held back", "", note("pressure"), "",
-        f"This run: {', '.join(plots.SYSTEM_NAMES[s] for s in plots.systems(df))}; load capped "
-        f"at {context.get('pressure_max_rate', '?')} jobs/s, the first "
-        f"{context.get('pressure_warmup', '?')} s left out, wait events sampled every "
-        f"{context.get('pressure_interval', '?')} s, the figure's windows "
-        f"{context.get('pressure_window', '?')} s.", "",
-        plots.markdown(plots.pressure_table(df, timeline), ",.1f"), "", note("pressure_goal"), "",
-        *configuration_notes(df), "",
-        _figure(plots.pressure_plot(timeline, df), "pressure", results)]
-    probes = plots.probe_table(df)
-    if not probes.empty:
-        lines += ["", "jobqueue's claim at the end of each phase (EXPLAIN (ANALYZE, BUFFERS) "
-                  "of `take`, as a lane sends it, in a transaction rolled back):", "",
-                  plots.markdown(probes)]
-    return "\n".join(lines)
+    """The queues while vacuum is held back (`pressure.ipynb`), and jobqueue's claim."""
+    probes = plots.probe_table(load("pressure", results)[0])
+    return _section(results, PARTS["pressure"]) + ("" if probes.empty else "\n".join([
+        "", "", "jobqueue's claim at the end of each phase (EXPLAIN (ANALYZE, BUFFERS) of `take`, "
+        "as a lane sends it, in a transaction rolled back):", "", plots.markdown(probes)]))
 
 
 def _ceiling(results: Path) -> str:
@@ -305,21 +306,16 @@ def _limits(results: Path) -> str:
     return "\n".join(lines)
 
 
-SECTIONS: Sequence[tuple[str, Callable[[Path], str]]] = (
-    ("throughput_matrix", _throughput),
-    ("latency", _latency),
-    ("recovery", _recovery),
-    ("comparison_drain", _peers),
-    ("pressure", _pressure),
-    ("ceiling", _ceiling),
-)
+SECTIONS: dict[str, Callable[[Path], str]] = {
+    "throughput_matrix": lambda results: _section(results, *(PARTS[name] for name in (
+        "throughput", "table_size", "soak", "work", "routing", "sync"))),
+    "latency": lambda results: _section(results, PARTS["latency"]),
+    "recovery": lambda results: _section(results, PARTS["recovery"], PARTS["failover"]),
+    "comparison_drain": _peers, "pressure": _pressure, "ceiling": _ceiling}
 
 
 # -- the headline table: jobqueue at its CLI defaults against each peer's best -------
 
-#: The comparison's drain results, one file per workload (what the jobs do).
-COMPARISON_DRAINS = (("comparison_drain", "noop"), ("comparison_write_row", "write_row"),
-                     ("comparison_process_payment", "process_payment"))
 LEAD = "lead (×)"
 #: What the headline table's columns mean, said once above it.
 LEGEND = (f"`{LEAD}`: jobqueue's figure over the peer's for a drain (jobs/s), the peer's over "
@@ -336,7 +332,7 @@ def _run(results: Path, name: str) -> str:
 def _ms(value: float) -> str:
     """Two decimals under 10 ms (a goal of 1.5 ms must not read as met by
     rounding), one above."""
-    return "–" if pd.isna(value) else f"{value:,.{2 if value < 10 else 1}f}"
+    return plots._ms(value, ",.2f" if value < 10 else ",.1f")
 
 
 def headline_table(results: Path) -> pd.DataFrame:
@@ -464,7 +460,7 @@ def stamp(results: Path, name: str, record: dict[str, Any], cpu: str | None = No
 
 def render(results: Path = RESULTS, target: Path = CHECKOUT / "BENCHMARKS.md") -> Path:
     """Write `target` (BENCHMARKS.md) and the PNGs, beside the results files."""
-    available = [(name, fn) for name, fn in SECTIONS if (results / f"{name}.csv").exists()]
+    available = [(name, fn) for name, fn in SECTIONS.items() if (results / f"{name}.csv").exists()]
     if not available:
         raise FileNotFoundError(f"no results in {results}: run `make bench` first")
     context = results_context(available[0][0], results)

@@ -133,7 +133,7 @@ def test_the_failover_table_follows_the_trials() -> None:
     assert bad["completed before the kill, kept"] == "140 of 150"
     assert (bad["jobs not run exactly once"], bad["ran twice"]) == (2, 1)
     assert (bad["replication"], bad["jobs completed"]) == ("async, sync", "890 of 900")
-    figure = plots.failover_timeline_plot(timeline, times)
+    figure = plots.failover_timeline_plot(times, timeline)
     assert "0.400 s" in figure.axes[0].get_title()  # the median trial's
     plt.close(figure)
 
@@ -145,11 +145,11 @@ def test_the_report_has_a_failover_part_once_there_are_results(tmp_path, monkeyp
     save(_trials().assign(argv=lambda d: d["flags"]).to_dict("records"), "recovery", {})
     save([{"setup": "quick", "signal": "SIGKILL", "trial": 1, "worker": "second", "t": 0.0,
            "jobs": 3}], "recovery_timeline", {})
-    without = report._recovery(tmp_path)
+    without = report.SECTIONS["recovery"](tmp_path)
     assert "### PostgreSQL failover" not in without
     times, timeline = _failovers()
     save(times.to_dict("records"), "recovery_failover", {})
     save(timeline.to_dict("records"), "recovery_failover_timeline", {})
-    text = report._recovery(tmp_path)
+    text = report.SECTIONS["recovery"](tmp_path)
     assert "### PostgreSQL failover" in text and "| 3 | 0.400 |" in text
     assert (tmp_path / "recovery_failover_timeline.png").stat().st_size > 0

@@ -133,12 +133,12 @@ def test_the_routing_table_follows_the_data(tmp_path: Path) -> None:
                            "first_s": 0.1 * (2 - p), "last_s": 0.1 * (3 - p)}
                           for s in rates for q in scenarios.queue_names(10)
                           for p in scenarios.ROUTING_PRIORITIES])
-    figure = plots.routing_plot(spans, df)
+    figure = plots.routing_plot(df, spans)
     assert len([ax for ax in figure.axes if ax.lines]) == 2  # the two spread setups
     for name, rows in (("throughput_routing", df.to_dict("records")),
                        ("throughput_routing_spans", spans.to_dict("records"))):
         path = save(rows, name, {})
         path.rename(tmp_path / path.name)
-    section = "\n".join(report._routing(tmp_path))
+    section = "\n".join(report._part(tmp_path, report.PARTS["routing"]))
     assert "### Queues and priorities" in section and "![routing]" in section
     assert (tmp_path / "routing.png").stat().st_size > 0

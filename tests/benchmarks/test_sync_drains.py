@@ -25,7 +25,7 @@ async def test_a_sync_series_drains_each_handler_and_checks_its_writes(
 
     path = save(rows, "throughput_sync", {"cpu": "test"})
     path.rename(tmp_path / path.name)
-    assert report._sync(tmp_path)[0] == "### Sync handlers beside async ones"
+    assert report._part(tmp_path, report.PARTS["sync"])[0] == "### Sync handlers beside async ones"
     table = plots.sync_table(pd.read_csv(tmp_path / path.name, comment="#"))
     assert list(table["handler"]) == ["sync (`noop_sync`)", "sync (`write_row_sync`)"]
 
