@@ -300,16 +300,13 @@ async def run(n: int = 2000, repeat: int = 5, batch: int = 1000, noop_jobs: int 
     raw = await db.connect(url, application_name="jobqueue ceiling")
     plain = create_async_engine(url, isolation_level="AUTOCOMMIT")
     try:
-        for label, what, step in raw_steps(raw):
-            rows.append(await measure(label, what, step, n, repeat))
         async with plain.connect() as conn:
-            for label, what, step in await sqlalchemy_steps(conn):
-                rows.append(await measure(label, what, step, n, repeat))
-        for label, what, step in lane_steps(url):
-            rows.append(await measure(label, what, step, n, repeat,
-                                      filler(raw, "ceiling_write")))
-        for label, what, step in batch_steps(raw, batch):
-            rows.append(await measure(label, what, step, noop_jobs, repeat, filler(raw, "noop")))
+            groups = [(raw_steps(raw), n, None), (await sqlalchemy_steps(conn), n, None),
+                      (lane_steps(url), n, filler(raw, "ceiling_write")),
+                      (batch_steps(raw, batch), noop_jobs, filler(raw, "noop"))]
+            for steps, jobs, prepare in groups:
+                rows += [await measure(label, what, step, jobs, repeat, prepare)
+                         for label, what, step in steps]
     finally:
         await raw.close()
         await plain.dispose()
