@@ -96,10 +96,8 @@ def last_step(path: Path) -> dict[str, Any] | None:
 
 
 class Ticker:
-    """The run's line on the terminal, rewritten every second from a thread
-    (a line per QUIET_TICK when stdout is not a terminal): where the run is,
-    and the time left (the cell's from its series' steps, else from its last
-    timing, plus `remaining_after`, the estimate for everything after it)."""
+    """The run's line on the terminal, from a thread while a cell executes;
+    `remaining_after`: the estimate for everything after the cell."""
 
     cell_expected: float | None
 

@@ -822,14 +822,13 @@ def routing_setups(queues: int, priorities: Sequence[int] = ROUTING_PRIORITIES
                    ) -> list[dict[str, Any]]:
     """One queue at one priority (the baseline), then `queues` ×
     `priorities`, then the same with a lane per queue."""
-    names = queue_names(queues)
-    spread_over = f"{queues} queues × {len(priorities)} priorities"
-    setups = [{"setup": "1 queue, 1 priority", "queues": ["default"], "priorities": (0,),
-               "flags": []},
-              {"setup": spread_over, "queues": names, "priorities": tuple(priorities),
-               "flags": []}]
-    return [*setups, {"setup": f"{spread_over}, a lane per queue", "queues": names,
-                      "priorities": tuple(priorities), "flags": lanes_per_queue(names)}]
+    names, levels = queue_names(queues), tuple(priorities)
+    spread = f"{queues} queues × {len(priorities)} priorities"
+    return [{"setup": setup, "queues": on, "priorities": at, "flags": flags}
+            for setup, on, at, flags in (("1 queue, 1 priority", ["default"], (0,), []),
+                                         (spread, names, levels, []),
+                                         (f"{spread}, a lane per queue", names, levels,
+                                          lanes_per_queue(names)))]
 
 
 async def routing_series(url: str, *, n: int, queues: int, repeat: int,
