@@ -21,14 +21,12 @@ import argparse
 import asyncio
 import contextlib
 import os
-import resource
 import statistics
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import asyncpg
@@ -66,15 +64,14 @@ class Meter:
         self.server: float | None = 0.0
 
     def __enter__(self) -> Meter:
-        # The clock is read last here and first on the way out, so the
-        # other readings stay outside the timed span.
+        # The clocks are read last here and first on the way out, so the
+        # backend's reading stays outside the timed span.
         server = _backend_cpu(self.pid)
-        self._start = (time.perf_counter(), _cpu(), server)
+        self._start = (time.perf_counter(), time.process_time(), server)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        wall, cpu = time.perf_counter(), _cpu()
+    def __exit__(self, *exc: object) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
         server = _backend_cpu(self.pid)
         self.wall += wall - self._start[0]
         self.cpu += cpu - self._start[1]
@@ -82,11 +79,6 @@ class Meter:
             self.server += server - self._start[2]
         else:
             self.server = None
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 #: A row's work for n jobs, returning what it measured.
@@ -108,12 +100,8 @@ def per_job(pid: int, job: Callable[[], Awaitable[None]],
     """`job()` n times, in transactions of `batch` jobs (0: all n) opened by
     `begin()`, or in none."""
     async def body(n: int) -> None:
-        if begin is None:
-            for _ in range(n):
-                await job()
-            return
         for start in range(0, n, batch or n):
-            async with begin():
+            async with (begin or contextlib.nullcontext)():
                 for _ in range(min(batch or n, n - start)):
                     await job()
     return timed(pid, body)

@@ -76,14 +76,11 @@ def setups_table(names: Sequence[str], lease: float, batch_size: int = 10) -> An
     """What each setup will run, as a DataFrame."""
     import pandas as pd
 
-    rows = []
-    for name in names:
-        setup = SETUPS[name]
-        argv = worker_argv(lease, batch_size, setup.flags)
-        rows.append({"setup": name, "path": path_of(argv, setup.job_seconds),
-                     "job (ms)": setup.job_seconds * 1000,
-                     "command": "jobqueue worker " + shlex.join(argv)})
-    return pd.DataFrame(rows)
+    argvs = [(name, worker_argv(lease, batch_size, SETUPS[name].flags)) for name in names]
+    return pd.DataFrame([{"setup": name, "path": path_of(argv, SETUPS[name].job_seconds),
+                          "job (ms)": SETUPS[name].job_seconds * 1000,
+                          "command": "jobqueue worker " + shlex.join(argv)}
+                         for name, argv in argvs])
 
 
 _HELD = ("SELECT id FROM jobs WHERE status = 'processing' AND worker_id = $1")
