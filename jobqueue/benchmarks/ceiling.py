@@ -21,14 +21,12 @@ import argparse
 import asyncio
 import contextlib
 import os
-import resource
 import statistics
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import asyncpg
@@ -60,21 +58,20 @@ class Meter:
     """Wall clock, this process's CPU and a backend's CPU, summed over the
     spans spent inside `with meter:`."""
 
-    def __init__(self, pid: int | None = None) -> None:
-        self.pid = pid
+    def __init__(self, pid: int | None = None, jobs: int = 0) -> None:
+        self.pid, self.jobs = pid, jobs
         self.wall = self.cpu = 0.0
         self.server: float | None = 0.0
 
     def __enter__(self) -> Meter:
-        # The clock is read last here and first on the way out, so the
-        # other readings stay outside the timed span.
+        # The clocks are read last here and first on the way out, so the
+        # backend's reading stays outside the timed span.
         server = _backend_cpu(self.pid)
-        self._start = (time.perf_counter(), _cpu(), server)
+        self._start = (time.perf_counter(), time.process_time(), server)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        wall, cpu = time.perf_counter(), _cpu()
+    def __exit__(self, *exc: object) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
         server = _backend_cpu(self.pid)
         self.wall += wall - self._start[0]
         self.cpu += cpu - self._start[1]
@@ -84,11 +81,6 @@ class Meter:
             self.server = None
 
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 #: A row's work for n jobs, returning what it measured.
 Step = Callable[[int], Awaitable[Meter]]
 Rows = list[tuple[str, str, Step]]
@@ -96,7 +88,7 @@ Rows = list[tuple[str, str, Step]]
 
 def timed(pid: int, body: Callable[[int], Awaitable[None]]) -> Step:
     async def step(n: int) -> Meter:
-        with Meter(pid) as meter:
+        with Meter(pid, n) as meter:
             await body(n)
         return meter
     return step
@@ -108,12 +100,8 @@ def per_job(pid: int, job: Callable[[], Awaitable[None]],
     """`job()` n times, in transactions of `batch` jobs (0: all n) opened by
     `begin()`, or in none."""
     async def body(n: int) -> None:
-        if begin is None:
-            for _ in range(n):
-                await job()
-            return
         for start in range(0, n, batch or n):
-            async with begin():
+            async with (begin or contextlib.nullcontext)():
                 for _ in range(min(batch or n, n - start)):
                     await job()
     return timed(pid, body)
@@ -128,10 +116,10 @@ async def measure(name: str, what: str, step: Step, n: int, repeat: int,
         if prepare is not None:
             await prepare(n)
         meter = await step(n)
-        wall.append(meter.wall / n * 1e6)
-        cpu.append(meter.cpu / n * 1e6)
+        wall.append(meter.wall / meter.jobs * 1e6)
+        cpu.append(meter.cpu / meter.jobs * 1e6)
         if meter.server is not None:
-            server.append(meter.server / n * 1e6)
+            server.append(meter.server / meter.jobs * 1e6)
     return {"name": name, "what": what, "n": n, "repeat": repeat,
             "wall_us": statistics.median(wall), "client_cpu_us": statistics.median(cpu),
             "server_cpu_us": statistics.median(server) if server else None,
@@ -199,26 +187,34 @@ async def sqlalchemy_steps(conn: AsyncConnection) -> Rows:
 def lane_steps(url: str) -> Rows:
     """The handler's session as a worker gives it, through public names: a
     burst `JobRunner` with one lane drains n jobs whose handler times its
-    own INSERT, so the row is the handler path alone, not the claims."""
+    own INSERT, so the row is the handler path alone, not the claims. A
+    batch's first statement also sends the batch's deferred BEGIN: that job
+    runs untimed, and the row is per timed job."""
 
     def drain(savepoints: str) -> Step:
         async def step(n: int) -> Meter:
-            meter = Meter()
+            meter, driver = Meter(), None
             registry = HandlerRegistry()
 
             async def write(session: AsyncSession, payload: Any) -> None:
-                if meter.pid is None:
-                    meter.pid = (await _driver(await session.connection())).get_server_pid()
+                nonlocal driver
+                if driver is None:  # one lane: one connection for the whole run
+                    driver = await _driver(await session.connection())
+                    meter.pid = driver.get_server_pid()
+                if not driver.is_in_transaction():  # it would begin the batch
+                    await session.execute(INSERT_SA, {"id": uuid.uuid4()})
+                    return
                 with meter:
                     await session.execute(INSERT_SA, {"id": uuid.uuid4()})
+                meter.jobs += 1
 
             registry.add("ceiling_write", write)
-            runner = JobRunner(url, registry=registry, burst=True, concurrency=1,
-                               batch_size=WRITE_BATCH, savepoints=savepoints,
-                               install_signal_handlers=False)
-            report = await runner.run()
-            if report["processed"] != n:
-                raise RuntimeError(f"the worker completed {report['processed']} of {n}")
+            report = await JobRunner(url, registry=registry, burst=True, concurrency=1,
+                                     batch_size=WRITE_BATCH, savepoints=savepoints,
+                                     install_signal_handlers=False).run()
+            if report["processed"] != n or not meter.jobs:
+                raise RuntimeError(f"the worker completed {report['processed']} of {n}, "
+                                   f"{meter.jobs} of them timed")
             return meter
         return step
 
@@ -292,16 +288,13 @@ async def run(n: int = 2000, repeat: int = 5, batch: int = 1000, noop_jobs: int 
     raw = await db.connect(url, application_name="jobqueue ceiling")
     plain = create_async_engine(url, isolation_level="AUTOCOMMIT")
     try:
-        for label, what, step in raw_steps(raw):
-            rows.append(await measure(label, what, step, n, repeat))
         async with plain.connect() as conn:
-            for label, what, step in await sqlalchemy_steps(conn):
-                rows.append(await measure(label, what, step, n, repeat))
-        for label, what, step in lane_steps(url):
-            rows.append(await measure(label, what, step, n, repeat,
-                                      filler(raw, "ceiling_write")))
-        for label, what, step in batch_steps(raw, batch):
-            rows.append(await measure(label, what, step, noop_jobs, repeat, filler(raw, "noop")))
+            groups = [(raw_steps(raw), n, None), (await sqlalchemy_steps(conn), n, None),
+                      (lane_steps(url), n, filler(raw, "ceiling_write")),
+                      (batch_steps(raw, batch), noop_jobs, filler(raw, "noop"))]
+            for steps, jobs, prepare in groups:
+                rows += [await measure(label, what, step, jobs, repeat, prepare)
+                         for label, what, step in steps]
     finally:
         await raw.close()
         await plain.dispose()

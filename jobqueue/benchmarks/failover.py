@@ -31,7 +31,7 @@ from jobqueue.benchmarks.recovery import (
     worker_argv,
 )
 from jobqueue.benchmarks.recovery_runs import RUNS_TABLE
-from jobqueue.benchmarks.scenarios import progress
+from jobqueue.benchmarks.scenarios import steps
 from jobqueue.embedded.pair import EmbeddedPair, migrated_pair
 from jobqueue.testing import WorkerProcess, in_state, wait_for
 
@@ -79,7 +79,7 @@ async def failover_trial(pair: EmbeddedPair, *, jobs: int = 1000, job_seconds: f
             timeout=120, interval=0.05, message="every job completed")
         after = dict(await clock.fetch(_COMPLETED))
         runs = await run_counts(clock, [], 0)
-        result: dict[str, Any] = {
+        return {
             "jobs": jobs, "job_ms": job_seconds * 1000, "lease": lease,
             "replication": replication,
             "flags": shown_flags(args),
@@ -94,7 +94,6 @@ async def failover_trial(pair: EmbeddedPair, *, jobs: int = 1000, job_seconds: f
             "timeline": [{"server": "old primary" if p["t"] < 0 else "new primary",
                           "t": p["t"], "jobs": p["jobs"]}
                          for p in await timeline(clock, killed, first)]}
-        return result
     finally:
         worker.close()
         for conn in (watch, clock):
@@ -110,13 +109,10 @@ async def failover_series(trials: int, *, jobs: int, job_seconds: float = 0.005,
     times, timelines = [], []
     pair = await migrated_pair(RUNS_TABLE)
     try:
-        with progress(trials, "failover") as bar:
-            for trial in range(1, trials + 1):
-                result = await failover_trial(pair, jobs=jobs, job_seconds=job_seconds,
-                                              lease=lease)
-                timelines += [{"trial": trial, **point} for point in result.pop("timeline")]
-                times.append({"trial": trial, **result})
-                bar.update()
+        for (trial,) in steps("failover", range(1, trials + 1)):
+            result = await failover_trial(pair, jobs=jobs, job_seconds=job_seconds, lease=lease)
+            timelines += [{"trial": trial, **point} for point in result.pop("timeline")]
+            times.append({"trial": trial, **result})
     finally:
         await asyncio.to_thread(pair.stop)
     return times, timelines

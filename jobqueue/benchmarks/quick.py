@@ -22,11 +22,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jobqueue import db
 from jobqueue.benchmarks.scenarios import (
     WARMUP_SECONDS,
     check_bench_name,
     close_bench,
+    connected,
     drain,
     environment,
     open_bench,
@@ -52,11 +52,8 @@ async def drain_row(url: str, n: int, batch_size: int, concurrency: int) -> dict
     """One drain, with its jobs' enqueue-to-completion percentiles."""
     row = await drain(url, n=n, batch_size=batch_size, workers=1, shared=False,
                       concurrency=concurrency)
-    conn = await db.connect(url, application_name="jobqueue bench")
-    try:
+    async with connected(url) as conn:
         latency = await conn.fetchval(_DRAIN_LATENCY)
-    finally:
-        await conn.close()
     return {**row, **{f"p{q}_ms": float(v) * 1000
                       for q, v in zip((50, 95, 99), latency, strict=True)}}
 

@@ -27,7 +27,7 @@ import asyncpg
 
 from jobqueue import db
 from jobqueue.benchmarks.recovery_runs import RUNS_TABLE
-from jobqueue.benchmarks.scenarios import progress, worker_options
+from jobqueue.benchmarks.scenarios import steps, worker_options
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
@@ -76,14 +76,11 @@ def setups_table(names: Sequence[str], lease: float, batch_size: int = 10) -> An
     """What each setup will run, as a DataFrame."""
     import pandas as pd
 
-    rows = []
-    for name in names:
-        setup = SETUPS[name]
-        argv = worker_argv(lease, batch_size, setup.flags)
-        rows.append({"setup": name, "path": path_of(argv, setup.job_seconds),
-                     "job (ms)": setup.job_seconds * 1000,
-                     "command": "jobqueue worker " + shlex.join(argv)})
-    return pd.DataFrame(rows)
+    argvs = [(name, worker_argv(lease, batch_size, SETUPS[name].flags)) for name in names]
+    return pd.DataFrame([{"setup": name, "path": path_of(argv, SETUPS[name].job_seconds),
+                          "job (ms)": SETUPS[name].job_seconds * 1000,
+                          "command": "jobqueue worker " + shlex.join(argv)}
+                         for name, argv in argvs])
 
 
 _HELD = ("SELECT id FROM jobs WHERE status = 'processing' AND worker_id = $1")
@@ -207,7 +204,7 @@ async def recovery_trial(
                 " HAVING count(*) FILTER (WHERE status = 'completed') = $2", held, len(held)),
             timeout=lease + 30, interval=0.01, message="every held job completed") if held else None
         runs = await run_counts(conn, held, standby_id)
-        result: dict[str, Any] = {
+        return {
             "path": path, "flags": shown_flags(args), "job_ms": job_seconds * 1000,
             "signal": sig.name, "seconds": (first - signalled).total_seconds(),
             "started_s": (started - signalled).total_seconds(),
@@ -218,12 +215,10 @@ async def recovery_trial(
             "completed_not_once": runs["completed_not_once"], "ran_twice": runs["ran_twice"],
             "argv": shlex.join(args),
             "timeline": await timeline(conn, signalled, first, standby_id)}
-        return result
     finally:
         for w in workers:
             w.close()
         await conn.close()
-
 
 
 async def recovery_series(url: str, *, signals: Sequence[str], trials: int, lease: float,
@@ -233,18 +228,13 @@ async def recovery_series(url: str, *, signals: Sequence[str], trials: int, leas
     and the completions around each signal."""
     setups = list(SETUPS) if setups is None else setups
     times, timelines = [], []
-    with progress(len(setups) * len(signals) * trials, "recovery") as bar:
-        for setup in setups:
-            how = SETUPS[setup]
-            for name in signals:
-                for trial in range(1, trials + 1):
-                    result = await recovery_trial(url, SIGNALS[name], lease=lease, jobs=jobs,
-                                                  flags=how.flags, job_seconds=how.job_seconds)
-                    timeline = result.pop("timeline")
-                    times.append({"setup": setup, **result, "trial": trial})
-                    timelines += [{"setup": setup, "signal": name, "trial": trial, **point}
-                                  for point in timeline]
-                    bar.update()
+    for setup, name, trial in steps("recovery", setups, signals, range(1, trials + 1)):
+        result = await recovery_trial(url, SIGNALS[name], lease=lease, jobs=jobs,
+                                      flags=SETUPS[setup].flags,
+                                      job_seconds=SETUPS[setup].job_seconds)
+        timelines += [{"setup": setup, "signal": name, "trial": trial, **point}
+                      for point in result.pop("timeline")]
+        times.append({"setup": setup, **result, "trial": trial})
     return times, timelines
 
 

@@ -96,34 +96,31 @@ def last_step(path: Path) -> dict[str, Any] | None:
 
 
 class Ticker:
-    """The run's line on the terminal, from a thread while a cell executes."""
+    """The run's line on the terminal, from a thread while a cell executes;
+    `remaining_after`: the estimate for everything after the cell."""
+
+    cell_expected: float | None
 
     def __init__(self, progress_file: Path, remaining_after: float) -> None:
-        self.progress_file = progress_file
+        self.progress_file, self.remaining_after = progress_file, remaining_after
         self.tty = sys.stdout.isatty()
-        self.started = time.monotonic()
-        self.label = "starting"
-        self.cell_started = time.monotonic()
-        self.cell_expected: float | None = None
-        self.remaining_after = remaining_after   # estimate for everything after this cell
+        self.started = self.cell_started = time.monotonic()
+        self.label, self.cell_expected = "starting", None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._printed = ""
-        self._printed_at = 0.0
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._printed, self._printed_at = "", 0.0
 
     def cell(self, label: str, expected: float | None, remaining_after: float) -> None:
-        self.label, self.cell_expected = label, expected
-        self.remaining_after = remaining_after
+        self.label, self.cell_expected, self.remaining_after = label, expected, remaining_after
         self.cell_started = time.monotonic()
         self.show(force=True)
 
     def line(self) -> str:
         now = time.monotonic()
         in_cell = now - self.cell_started
-        step = last_step(self.progress_file)
-        here = ""
+        step, here = last_step(self.progress_file), ""
         cell_left = None if self.cell_expected is None else max(0.0, self.cell_expected - in_cell)
-        if step and step["t"] >= time.time() - in_cell - 1:
+        if step and step["t"] >= time.time() - in_cell - 1:  # a step of this cell's
             done, total = int(step["done"]), int(step["total"])
             here = f" · {step['desc']} {done}/{total}"
             if 0 < done < total:
@@ -135,8 +132,7 @@ class Ticker:
         return f"[{_clock(now - self.started)} elapsed, {left} left] {self.label}{here}"
 
     def show(self, force: bool = False) -> None:
-        text = self.line()
-        now = time.monotonic()
+        text, now = self.line(), time.monotonic()
         if self.tty:
             sys.stdout.write("\r\033[K" + text)
         elif force or (now - self._printed_at >= QUIET_TICK and text != self._printed):
@@ -151,12 +147,11 @@ class Ticker:
             self.show()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
+        if self._thread.is_alive():
             self._thread.join()
         if self.tty:
             sys.stdout.write("\n")

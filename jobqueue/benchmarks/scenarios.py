@@ -13,13 +13,14 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import os
 import shlex
 import signal
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,16 @@ def check_bench_name(name: str | None) -> str:
     return name
 
 
+@contextlib.asynccontextmanager
+async def connected(url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection of the bench's own, closed on the way out."""
+    conn = await db.connect(url, application_name="jobqueue bench")
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
 async def open_bench(name: str) -> str:
     """A fresh migrated database `jobqueue_bench_<name>` with the tables the
     handlers write; its URL. Pair with `close_bench(name)`."""
@@ -84,12 +95,9 @@ async def open_bench(name: str) -> str:
     url = await db.create_database(server, check_bench_name(f"{LAB_DATABASE_PREFIX}{name}"),
                                    replace=True)
     await migrations.upgrade(url)
-    conn = await db.connect(url)
-    try:
+    async with connected(url) as conn:
         await conn.execute(BENCH_TABLE)
         await create_demo_tables(conn)
-    finally:
-        await conn.close()
     return url
 
 
@@ -119,14 +127,11 @@ async def environment(url: str) -> dict[str, str]:
         cpu = "unknown"
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3
     info = {"cpu": cpu, "cores": str(os.cpu_count() or "?"), "ram": f"{ram:.1f} GiB"}
-    conn = await db.connect(url, application_name="jobqueue bench")
-    try:
+    async with connected(url) as conn:
         row = await conn.fetchrow(
             "SELECT version() AS postgres, current_setting('fsync') AS fsync,"
             " current_setting('synchronous_commit') AS synchronous_commit,"
             " current_setting('shared_buffers') AS shared_buffers")
-    finally:
-        await conn.close()
     return {**info, **dict(row)}
 
 
@@ -268,13 +273,14 @@ def worker_label(argv: Sequence[str], workers: int = 1) -> str:
             f"{opts.log_level} logs{procs}")
 
 
-#: What a drain costs the server beyond CPU: WAL written, full-page images
-#: (a page's first change after a checkpoint is logged whole) and checkpoints,
-#: server-wide (pg_stat_wal, pg_stat_bgwriter; nothing else runs meanwhile).
-_WAL = ("SELECT w.wal_bytes / 1048576.0 AS wal_mib, w.wal_fpi AS full_page_images,"
-        " b.checkpoints_timed + b.checkpoints_req AS checkpoints"
-        " FROM pg_stat_wal AS w, pg_stat_bgwriter AS b")
-_WAL_COLUMNS = ("wal_mib", "full_page_images", "checkpoints")
+_AUTOVACUUMS = "SELECT autovacuum_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
+#: What a drain costs the server beyond CPU, as counters read before and
+#: after it: WAL written, full-page images (a page's first change after a
+#: checkpoint is logged whole) and checkpoints, server-wide (pg_stat_wal,
+#: pg_stat_bgwriter; nothing else runs meanwhile); and autovacuums of `jobs`.
+_COUNTERS = (f"SELECT ({_AUTOVACUUMS}) AS autovacuums, w.wal_bytes / 1048576.0 AS wal_mib,"
+             " w.wal_fpi AS full_page_images, b.checkpoints_timed + b.checkpoints_req"
+             " AS checkpoints FROM pg_stat_wal AS w, pg_stat_bgwriter AS b")
 
 
 async def drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool,
@@ -284,9 +290,7 @@ async def drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool
     one lane at `batch_size` unless `concurrency`; with `memory`, their
     resident memory too (`rss.summary`)."""
     argv = _worker_args(batch_size, shared, concurrency, "--burst", handler=handler)
-    row, _ = await _drain(url, n=n, argv=argv, workers=workers, handler=handler,
-                          timeout=timeout, log_dir=log_dir, memory=memory, burst=True)
-    return row
+    return (await _drain(url, n, argv, workers, handler, timeout, log_dir, memory))[0]
 
 
 async def cli_drain(url: str, *, n: int, handler: str = "noop", flags: Sequence[str] = (),
@@ -296,9 +300,7 @@ async def cli_drain(url: str, *, n: int, handler: str = "noop", flags: Sequence[
     no `--burst`, INFO logs to a file unless `flags` say otherwise), stopped
     by `until_done`."""
     argv = worker_argv(handler, *flags)
-    row, _ = await _drain(url, n=n, argv=argv, workers=workers, handler=handler,
-                          timeout=timeout, log_dir=log_dir, memory=memory, burst=False)
-    return row
+    return (await _drain(url, n, argv, workers, handler, timeout, log_dir, memory))[0]
 
 
 #: Nothing left to do: no job waiting (the pickable index) or running (the
@@ -333,49 +335,50 @@ async def until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
             raise RuntimeError(f"worker exited with {code} on SIGTERM: {p.log()[-2000:]}")
 
 
-#: How long after the first claim the last worker to take part made its own
-#: first one: time in which fewer workers drained than the row says.
-_START_SKEW = ("SELECT extract(epoch FROM max(first) - min(first)) FROM"
-               " (SELECT min(started_at) AS first FROM jobs GROUP BY worker_id) AS w")
+#: A drain's row, on the database's clock; `start_skew`: how long after the
+#: first claim the last worker to take part made its own first one (time in
+#: which fewer workers drained than the row says).
+_DRAINED = """
+    SELECT count(*) FILTER (WHERE status = 'completed') AS completed, count(*) AS total,
+           extract(epoch FROM max(completed_at) - min(started_at)) AS seconds,
+           extract(epoch FROM min(started_at)) AS first,
+           extract(epoch FROM max(completed_at)) AS last,
+           count(DISTINCT worker_id) AS workers_used,
+           (SELECT extract(epoch FROM max(first) - min(first)) FROM
+              (SELECT min(started_at) AS first FROM jobs GROUP BY worker_id) AS w) AS skew,
+           (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs') AS dead
+    FROM jobs"""
 
 
-async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler: str,
-                 timeout: float, log_dir: Path | None, memory: bool, burst: bool,
+async def _drain(url: str, n: int, argv: Sequence[str], workers: int = 1,
+                 handler: str = "noop", timeout: float = 900.0, log_dir: Path | None = None,
+                 memory: bool = False,
                  filler: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Every drain: the row and the RSS samples (`memory`); `burst` workers
+    """Every drain: the row and the RSS samples (`memory`); `--burst` workers
     exit by themselves, others are stopped by `until_done`; `filler` queues
     the jobs instead of `fill`."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-drain-"))
+    opts = worker_options(argv)
     conn = await db.connect(url, application_name="jobqueue bench")
     procs: list[WorkerProcess] = []
     sampler = rss.RssSampler([])
     try:
         await _reset(conn, handler)
         await (filler(conn) if filler is not None else fill(conn, n, handler))
-        wal_before = await conn.fetchrow(_WAL)
-        vacuums_before = await conn.fetchval(_AUTOVACUUMS)
+        before = await conn.fetchrow(_COUNTERS)
         procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *argv) for i in range(workers)]
         if memory:
             sampler = rss.RssSampler(p.pid for p in procs)
             sampler.start()
-        if burst:
+        if opts.burst:
             for p in procs:
                 await p.finish(timeout)
         else:
             await until_done(conn, procs, timeout)
         await sampler.stop()
-        row = await conn.fetchrow(
-            "SELECT count(*) FILTER (WHERE status = 'completed') AS completed, count(*) AS total,"
-            " extract(epoch FROM max(completed_at) - min(started_at)) AS seconds,"
-            " extract(epoch FROM min(started_at)) AS first, "
-            " extract(epoch FROM max(completed_at)) AS last,"
-            " count(DISTINCT worker_id) AS workers_used FROM jobs")
-        skew = await conn.fetchval(_START_SKEW)
-        stats = await conn.fetchrow(
-            "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = 'jobs'")
-        wal_after = await conn.fetchrow(_WAL)
-        vacuums = await conn.fetchval(_AUTOVACUUMS) - vacuums_before
+        row = await conn.fetchrow(_DRAINED)
+        after = await conn.fetchrow(_COUNTERS)
         if row["completed"] != n or row["total"] != n:
             raise RuntimeError(f"lost jobs: {row['completed']} of {n} completed")
         await check_writes(conn, handler, n, "jobqueue")
@@ -384,16 +387,15 @@ async def _drain(url: str, *, n: int, argv: Sequence[str], workers: int, handler
         for p in procs:
             p.close()
         await conn.close()
-    opts = worker_options(argv)
     seconds = float(row["seconds"])
     result = {"n": n, "batch_size": opts.batch_size, "workers": workers,
               "mode": "shared" if opts.shared else "exclusive", "handler": handler,
               "concurrency": lanes(opts), "log_level": opts.log_level,
               "argv": shlex.join(argv), "settings": worker_label(argv, workers),
               "seconds": seconds, "jobs_per_sec": n / seconds,
-              "workers_used": row["workers_used"], "start_skew_s": float(skew or 0.0),
-              "dead_tuples": stats["n_dead_tup"], "autovacuums": vacuums,
-              **{key: wal_after[key] - wal_before[key] for key in _WAL_COLUMNS}}
+              "workers_used": row["workers_used"], "start_skew_s": float(row["skew"] or 0.0),
+              "dead_tuples": row["dead"],
+              **{key: after[key] - before[key] for key in after.keys()}}
     result["wal_mib"] = float(result["wal_mib"])
     if not memory:
         return result, []
@@ -409,13 +411,9 @@ async def memory_timeline(url: str, *, n: int, batch_size: int = DEFAULT_BATCH_S
     timeline (`t` from the first claim, `rss_mib`), where a worker keeping
     something per job would climb. With `flags`, workers as `cli_drain` runs
     them, else burst mode with one lane at `batch_size`."""
-    if flags is None:
-        argv = _worker_args(batch_size, shared, 1, "--burst")
-    else:
-        argv = worker_argv("noop", *flags)
-    row, timeline = await _drain(url, n=n, argv=argv, workers=workers, handler="noop",
-                                 timeout=timeout, log_dir=None, memory=True,
-                                 burst=flags is None)
+    argv = (_worker_args(batch_size, shared, 1, "--burst") if flags is None
+            else worker_argv("noop", *flags))
+    row, timeline = await _drain(url, n, argv, workers, timeout=timeout, memory=True)
     return {"summary": row, "timeline": timeline}
 
 
@@ -426,23 +424,18 @@ async def _one_worker_and_producers(url: str, log_path: Path, connections: int,
                                                              WorkerProcess]]:
     """An empty table, one active idle worker, a producer pool and a
     measuring connection."""
-    conn = await db.connect(url, application_name="jobqueue bench")
-    pool = await asyncpg.create_pool(**db.asyncpg_connect_args(url), min_size=connections,
-                                     max_size=connections)
-    worker = None
-    try:
+    async with connected(url) as conn, asyncpg.create_pool(
+            **db.asyncpg_connect_args(url), min_size=connections, max_size=connections) as pool:
         await _reset(conn)
         await conn.execute("VACUUM ANALYZE jobs")
         worker = WorkerProcess(url, log_path, *worker_args)
-        await wait_for(lambda: conn.fetchval(
-            "SELECT count(*) = 1 FROM jobqueue_workers WHERE state = 'active'"),
-            timeout=60, message="an active worker")
-        yield conn, pool, worker
-    finally:
-        if worker is not None:
+        try:
+            await wait_for(lambda: conn.fetchval(
+                "SELECT count(*) = 1 FROM jobqueue_workers WHERE state = 'active'"),
+                timeout=60, message="an active worker")
+            yield conn, pool, worker
+        finally:
             await worker.stop()
-        await pool.close()
-        await conn.close()
 
 
 async def open_loop(url: str, *, rate: float, seconds: float,
@@ -514,8 +507,6 @@ async def soak(url: str, *, rate: float, seconds: float, keep_seconds: float,
     return {"summary": _soak_summary(rate, seconds, keep_seconds, lateness, timeline),
             "timeline": timeline}
 
-
-_AUTOVACUUMS = "SELECT autovacuum_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
 
 
 async def _sample_table(conn: asyncpg.Connection, pid: int, interval: float,
@@ -603,7 +594,7 @@ async def arrivals_at(enqueue_one: Callable[[], Awaitable[Any]], offsets: Iterab
 # -- series of runs, with progress bars ------------------------------------------
 
 
-class _Steps:
+class _Steps(contextlib.AbstractContextManager["_Steps"]):
     """A series' progress as JSON lines in the file the bench driver reads."""
 
     def __init__(self, total: int, desc: str, path: Path) -> None:
@@ -617,9 +608,6 @@ class _Steps:
                 "started": self.started, "t": time.time()}
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
-
-    def __enter__(self) -> _Steps:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         return None
@@ -637,6 +625,16 @@ def progress(total: int, desc: str) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, leave=False)
+
+
+def steps(desc: str, *axes: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+    """Every combination of `axes` (the first outermost), with `progress`
+    updated after each is done: the loop of every series."""
+    combos = list(itertools.product(*axes))
+    with progress(len(combos), desc) as bar:
+        for combo in combos:
+            yield combo
+            bar.update()
 
 
 #: A drain shorter than this is not a measurement: one slow commit or a
@@ -666,22 +664,20 @@ async def drain_matrix(url: str, *, n: int | dict[int, int], batch_sizes: Sequen
     """Every batch size × worker count × mode, `repeat` drains each, sized by
     a `Sizer` starting at `n` (or `n[batch_size]`, or the rate the last
     setting of that batch size measured)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     rates: dict[int, float] = {}
-    with progress(len(batch_sizes) * len(workers) * len(modes) * repeat, "drain") as bar:
-        for batch_size in batch_sizes:
-            for count in workers:
-                for mode in modes:
-                    sizer = Sizer(sized_n(rates[batch_size], seconds, most=max_n)
-                                  if batch_size in rates else
-                                  n[batch_size] if isinstance(n, dict) else n,
-                                  seconds=seconds, min_seconds=min_seconds, max_n=max_n)
-                    for run in range(1, repeat + 1):
-                        rows += await sizer.counted(run, functools.partial(
-                            drain, url, batch_size=batch_size, workers=count,
-                            shared=mode == "shared", handler=handler))
-                        rates[batch_size] = rows[-1]["jobs_per_sec"]
-                        bar.update()
+    sizers: dict[tuple[int, int, str], Sizer] = {}
+    for batch_size, count, mode, run in steps("drain", batch_sizes, workers, modes,
+                                              range(1, repeat + 1)):
+        if (setting := (batch_size, count, mode)) not in sizers:
+            sizers[setting] = Sizer(sized_n(rates[batch_size], seconds, most=max_n)
+                                    if batch_size in rates else
+                                    n[batch_size] if isinstance(n, dict) else n,
+                                    seconds=seconds, min_seconds=min_seconds, max_n=max_n)
+        rows += await sizers[setting].counted(run, functools.partial(
+            drain, url, batch_size=batch_size, workers=count, shared=mode == "shared",
+            handler=handler))
+        rates[batch_size] = rows[-1]["jobs_per_sec"]
     return rows
 
 
@@ -713,8 +709,7 @@ class Sizer:
 async def course_drains(url: str, *, n: int, repeat: int) -> list[dict[str, Any]]:
     """The course's design (`course.py`) draining n no-op jobs."""
     rows = []
-    conn = await db.connect(url, application_name="jobqueue bench")
-    try:
+    async with connected(url) as conn:
         for run in range(1, repeat + 1):
             await _reset(conn)
             await fill(conn, n)
@@ -723,22 +718,14 @@ async def course_drains(url: str, *, n: int, repeat: int) -> list[dict[str, Any]
                 raise RuntimeError(f"course design processed {result['processed']} of {n}")
             rows.append({"n": n, "run": run, "system": "course design (per-job commit, ORM)",
                          **result})
-    finally:
-        await conn.close()
     return rows
 
 
 async def drain_sizes(url: str, *, sizes: Sequence[int], batch_size: int, repeat: int
                       ) -> list[dict[str, Any]]:
     """One worker draining tables of growing size: does cost grow with N?"""
-    rows = []
-    with progress(len(sizes) * repeat, "table sizes") as bar:
-        for n in sizes:
-            for run in range(1, repeat + 1):
-                row = await drain(url, n=n, batch_size=batch_size, workers=1, shared=False)
-                rows.append({**row, "run": run})
-                bar.update()
-    return rows
+    return [{**await drain(url, n=n, batch_size=batch_size, workers=1, shared=False),
+             "run": run} for n, run in steps("table sizes", sizes, range(1, repeat + 1))]
 
 
 async def latency_series(url: str, *, rates: Sequence[float], seconds: float, repeat: int,
@@ -746,16 +733,13 @@ async def latency_series(url: str, *, rates: Sequence[float], seconds: float, re
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Open-loop runs at each rate: summaries, and every job's latencies."""
     summaries, samples = [], []
-    with progress(len(rates) * repeat, "latency") as bar:
-        for rate in rates:
-            for run in range(1, repeat + 1):
-                result = await open_loop(url, rate=rate, seconds=seconds, warmup=warmup)
-                summaries.append({**result["summary"], "run": run})
-                samples += [{"rate": rate, "run": run, "to_start_ms": s * 1000,
-                             "to_complete_ms": c * 1000, "warmup": w}
-                            for s, c, w in zip(result["to_start"], result["to_complete"],
-                                               result["warmup"], strict=True)]
-                bar.update()
+    for rate, run in steps("latency", rates, range(1, repeat + 1)):
+        result = await open_loop(url, rate=rate, seconds=seconds, warmup=warmup)
+        summaries.append({**result["summary"], "run": run})
+        samples += [{"rate": rate, "run": run, "to_start_ms": s * 1000,
+                     "to_complete_ms": c * 1000, "warmup": w}
+                    for s, c, w in zip(result["to_start"], result["to_complete"],
+                                       result["warmup"], strict=True)]
     return summaries, samples
 
 
@@ -821,18 +805,13 @@ async def routing_drain(url: str, *, n: int, queues: Sequence[str],
     """A `cli_drain` of n no-op jobs over `queues` × `priorities`: its row,
     with how priority held in each queue (`late_jobs`, `late_by_s`), and
     each queue × priority's first and last completion."""
-    argv = worker_argv("noop", *flags)
     names = list(queues)
-    row, _ = await _drain(url, n=n, argv=argv, workers=1, handler="noop", timeout=timeout,
-                          log_dir=None, memory=False, burst=False,
+    row, _ = await _drain(url, n, worker_argv("noop", *flags), timeout=timeout,
                           filler=lambda conn: fill_routed(conn, n, names, priorities))
-    conn = await db.connect(url, application_name="jobqueue bench")
-    try:
+    async with connected(url) as conn:
         order = await conn.fetchrow(_PRIORITY_ORDER)
         spans = [{**dict(r), "first_s": float(r["first_s"]), "last_s": float(r["last_s"])}
                  for r in await conn.fetch(_SPANS)]
-    finally:
-        await conn.close()
     row.update(queues=len(names), priorities=len(priorities),
                priority_range=f"{min(priorities)}..{max(priorities)}",
                late_jobs=int(order["late_jobs"]), late_by_s=float(order["late_by"]))
@@ -843,14 +822,13 @@ def routing_setups(queues: int, priorities: Sequence[int] = ROUTING_PRIORITIES
                    ) -> list[dict[str, Any]]:
     """One queue at one priority (the baseline), then `queues` ×
     `priorities`, then the same with a lane per queue."""
-    names = queue_names(queues)
-    spread_over = f"{queues} queues × {len(priorities)} priorities"
-    setups = [{"setup": "1 queue, 1 priority", "queues": ["default"], "priorities": (0,),
-               "flags": []},
-              {"setup": spread_over, "queues": names, "priorities": tuple(priorities),
-               "flags": []}]
-    return [*setups, {"setup": f"{spread_over}, a lane per queue", "queues": names,
-                      "priorities": tuple(priorities), "flags": lanes_per_queue(names)}]
+    names, levels = queue_names(queues), tuple(priorities)
+    spread = f"{queues} queues × {len(priorities)} priorities"
+    return [{"setup": setup, "queues": on, "priorities": at, "flags": flags}
+            for setup, on, at, flags in (("1 queue, 1 priority", ["default"], (0,), []),
+                                         (spread, names, levels, []),
+                                         (f"{spread}, a lane per queue", names, levels,
+                                          lanes_per_queue(names)))]
 
 
 async def routing_series(url: str, *, n: int, queues: int, repeat: int,
@@ -860,15 +838,11 @@ async def routing_series(url: str, *, n: int, queues: int, repeat: int,
     once, so a slow spell hits all): the rows and the spans."""
     setups = routing_setups(queues, priorities)
     rows, spans = [], []
-    with progress(len(setups) * repeat, "queues") as bar:
-        for run in range(1, repeat + 1):
-            for order, setup in enumerate(setups):
-                row, span = await routing_drain(url, n=n, queues=setup["queues"],
-                                                priorities=setup["priorities"],
-                                                flags=setup["flags"])
-                rows.append({"setup": setup["setup"], "setup_order": order, **row, "run": run})
-                spans += [{"setup": setup["setup"], "run": run, **s} for s in span]
-                bar.update()
+    for run, (order, setup) in steps("queues", range(1, repeat + 1), enumerate(setups)):
+        row, span = await routing_drain(url, n=n, queues=setup["queues"],
+                                        priorities=setup["priorities"], flags=setup["flags"])
+        rows.append({"setup": setup["setup"], "setup_order": order, **row, "run": run})
+        spans += [{"setup": setup["setup"], "run": run, **s} for s in span]
     return rows, spans
 
 
@@ -893,13 +867,11 @@ async def sync_series(url: str, *, n: int | dict[str, int], repeat: int, seconds
                              min_seconds=min_seconds, max_n=max_n)
               for handler, _, _ in setups}
     rows = []
-    with progress(len(setups) * repeat, "sync handlers") as bar:
-        for run in range(1, repeat + 1):
-            for order, (handler, kind, work) in enumerate(setups):
-                threads = worker_options(worker_argv(handler, *flags)).threads
-                drained = await sizers[handler].counted(run, functools.partial(
-                    cli_drain, url, handler=handler, flags=flags, memory=False))
-                rows += [{"setup_order": order, "kind": kind, "work": work,
-                          "threads": threads, **row} for row in drained]
-                bar.update()
+    for run, (order, (handler, kind, work)) in steps("sync handlers", range(1, repeat + 1),
+                                                     enumerate(setups)):
+        threads = worker_options(worker_argv(handler, *flags)).threads
+        drained = await sizers[handler].counted(run, functools.partial(
+            cli_drain, url, handler=handler, flags=flags, memory=False))
+        rows += [{"setup_order": order, "kind": kind, "work": work, "threads": threads, **row}
+                 for row in drained]
     return rows
