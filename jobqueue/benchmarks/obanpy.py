@@ -5,14 +5,9 @@ built with the first Python 3.12+ found (on PATH, then pyenv's), into which
 pip installs `oban==0.7.0` (exact); without one it is skipped with a
 one-line warning.
 
-**Its documented configuration.** Its production guide recommends its CLI:
-`oban start` "is already production-ready" (a JSON log line per job at INFO,
-the pruner, orphan rescue), with queues given as `name:limit` (its docs'
-examples use `default = 10`) and its connection pool at its defaults (1 to
-10). The comparison starts it exactly so, `oban start --queues
-default:<limit>`, its schema installed by its own `oban install`. The
-workers (`oban_workers/bench_oban.py`) write through a psycopg pool of their
-own. It has no drain mode: a drain stops its processes with SIGTERM (its
+The comparison starts it as its production guide advises (`recommended`),
+`oban start --queues default:<limit>`, its schema installed by its own
+`oban install`. It has no drain mode: a drain stops its processes with SIGTERM (its
 graceful shutdown) once no job is left to run, as jobqueue's are stopped.
 
 **Timing.** It keeps a finished job's row, with `inserted_at`,
@@ -179,4 +174,13 @@ PEER = Peer(
     jobs_sql=("SELECT id, extract(epoch FROM inserted_at) AS enqueued,"
               " extract(epoch FROM attempted_at) AS started,"
               " extract(epoch FROM completed_at) AS completed FROM oban_jobs"),
-    available=available, versions=lambda: _versions() if available() else {})
+    available=available, versions=lambda: _versions() if available() else {},
+    recommended=(
+        "Its production guide recommends its CLI, `oban start` (a JSON log line per job at "
+        "INFO, pruning and orphan rescue on), with queues given as `name:limit`: its docs' "
+        "examples use `default = 10`, with the connection pool at its defaults (1 to 10). "
+        "It says nothing about throughput; the tasks write through a psycopg pool of their own, "
+        "as large as the limit.",
+        (("production", "https://github.com/oban-bg/oban-py/blob/main/docs/production.md"),
+         ("defining queues",
+          "https://github.com/oban-bg/oban-py/blob/main/docs/defining_queues.md"))))

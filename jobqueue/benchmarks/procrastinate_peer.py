@@ -75,4 +75,13 @@ PEER = adapter.python_peer(
     columns=lambda args: {"batch_size": None, "concurrency": concurrency(args)},
     enqueue_one=enqueue_one,
     jobs_sql=adapter.events_sql("procrastinate_events", "at", "type",
-                                ("deferred", "started", "succeeded")))
+                                ("deferred", "started", "succeeded")),
+    recommended=(
+        "Its docs: a worker runs one job at a time by default; for throughput, launch several "
+        "workers, each in its own process, and give async tasks `concurrency` (their example: "
+        "30); with short jobs the pool should hold as many connections as the concurrency, "
+        "plus one.",
+        (("concurrency",
+          "https://procrastinate.readthedocs.io/en/stable/howto/production/concurrency.html"),
+         ("pool size", "https://procrastinate.readthedocs.io/en/stable/discussions.html"
+                       "#mind-the-size-of-your-postgresql-pool"))))
