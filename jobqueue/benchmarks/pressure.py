@@ -167,8 +167,11 @@ Probe = Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]]
 
 
 class _Pressure:
-    """The holder and the readers, brought to what each phase asks (`apply`),
-    and meanwhile the sampler (`ticks`) and the probe's session."""
+    """One system's phases (`run`): the holder and the readers brought to
+    what each asks (`apply`), the producer running through them all, the
+    sampler (`ticks`) and the probe meanwhile. Per phase: its start on the
+    database's clock (`bounds`, and the end), the probe at its end, its
+    arrivals' lateness and drops."""
 
     def __init__(self, url: str, tables: Sequence[str], config: Config, probe: Probe | None
                  ) -> None:
@@ -176,6 +179,13 @@ class _Pressure:
         self.holder: asyncpg.Connection | None = None
         self.readers: list[tuple[asyncio.Task[None], asyncio.Event]] = []
         self.ticks: list[dict[str, Any]] = []
+        self.bounds: list[float] = []
+        self.probes: list[dict[str, Any]] = []
+        self.lateness: list[list[float]] = []
+        self.dropped: list[int] = []
+        #: When each change of phase began (`bounds`: when it was done);
+        #: samples that overlap a change count for no phase.
+        self.changes: list[float] = []
 
     async def __aenter__(self) -> _Pressure:
         self.sampler = asyncio.create_task(self._sample())
@@ -191,8 +201,40 @@ class _Pressure:
                 await self.sampler
             await self.probe_conn.close()
 
-    async def probe(self) -> dict[str, Any]:
-        return await self._probe(self.probe_conn) if self._probe else {}
+    async def run(self, running: peers.IdleWorker, rates: Sequence[float], steps: Any) -> None:
+        """The phases on the loop's clock, the producer running through them all."""
+        loop, phase_list, clock = asyncio.get_running_loop(), self.config.phases, running.conn
+        offsets = [0.0]
+        for phase in phase_list:
+            offsets.append(offsets[-1] + phase.seconds)
+        counts = [max(1, round(r * p.seconds)) for r, p in zip(rates, phase_list, strict=True)]
+        schedule = [offsets[i] + k / rates[i] for i, n in enumerate(counts) for k in range(n)]
+        sender = _Sender(running.enqueue_one, counts, rates, self.config.max_behind)
+        await self.apply(phase_list[0])
+        self.bounds.append(await _now(clock))
+        start = loop.time()
+        producer = asyncio.create_task(scenarios.arrivals_at(sender, schedule, start))
+        try:
+            for i in range(1, len(phase_list) + 1):
+                await asyncio.wait([producer], timeout=max(0.0, start + offsets[i] - loop.time()))
+                if producer.done() and producer.exception() is not None:
+                    await producer
+                running.alive()
+                self.probes.append(await self._probe(self.probe_conn) if self._probe else {})
+                if i < len(phase_list):
+                    self.changes.append(await _now(clock))
+                    await self.apply(phase_list[i])
+                self.bounds.append(await _now(clock))
+                if steps is not None:
+                    steps.update()
+            await self.apply(None)
+            lateness = await producer
+        finally:
+            if not producer.done():
+                producer.cancel()
+        cut = [sum(counts[:i]) for i in range(len(counts) + 1)]
+        self.lateness = [lateness[cut[i]:cut[i + 1]] for i in range(len(counts))]
+        self.dropped = sender.dropped
 
     async def _sample(self) -> None:
         conn = await db.connect(self.url, application_name=SAMPLER)
@@ -364,9 +406,9 @@ async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
     log_dir = Path(tempfile.mkdtemp(prefix=f"{system}-pressure-"))
     async with peers.idle_worker(system, url, setup, connections=config.connections,
                                  log_dir=log_dir) as running:
-        async with _Pressure(url, running.peer.tables, config, PROBES.get(system)) as pressure:
-            sent = await _phases(running, pressure, config, rates, steps)
-        ticks = pressure.ticks
+        async with _Pressure(url, running.peer.tables, config, PROBES.get(system)) as sent:
+            await sent.run(running, rates, steps)
+        ticks = sent.ticks
         total = sum(len(x) for x in sent.lateness) - sum(sent.dropped)
         try:
             await running.wait_completed(total, timeout=config.settle)
@@ -410,61 +452,6 @@ class _Sender:
             self.pending -= 1
 
 
-@dataclass
-class _Sent:
-    """What `_phases` did, per phase: its start on the database's clock (and
-    the end), the probe at its end, its arrivals' lateness and drops."""
-
-    bounds: list[float]
-    probes: list[dict[str, Any]]
-    lateness: list[list[float]]
-    dropped: list[int]
-    #: When each change of phase began (`bounds`: when it was done); samples
-    #: that overlap a change count for no phase.
-    changes: list[float] = field(default_factory=list)
-
-
-async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config,
-                  rates: Sequence[float], steps: Any) -> _Sent:
-    """The phases on the loop's clock, the producer running through them all."""
-    loop = asyncio.get_running_loop()
-    offsets = [0.0]
-    for phase in config.phases:
-        offsets.append(offsets[-1] + phase.seconds)
-    counts = [max(1, round(r * p.seconds)) for r, p in zip(rates, config.phases, strict=True)]
-    schedule = [offsets[i] + k / rates[i] for i, n in enumerate(counts) for k in range(n)]
-    sender = _Sender(running.enqueue_one, counts, rates, config.max_behind)
-    clock = running.conn
-    bounds: list[float] = []
-    probes: list[dict[str, Any]] = []
-    changes: list[float] = []
-    await pressure.apply(config.phases[0])
-    bounds.append(await _now(clock))
-    start = loop.time()
-    producer = asyncio.create_task(scenarios.arrivals_at(sender, schedule, start))
-    try:
-        for i in range(1, len(config.phases) + 1):
-            await asyncio.wait([producer], timeout=max(0.0, start + offsets[i] - loop.time()))
-            if producer.done() and producer.exception() is not None:
-                await producer
-            running.alive()
-            probes.append(await pressure.probe())
-            if i < len(config.phases):
-                changes.append(await _now(clock))
-                await pressure.apply(config.phases[i])
-            bounds.append(await _now(clock))
-            if steps is not None:
-                steps.update()
-        await pressure.apply(None)
-        lateness = await producer
-    finally:
-        if not producer.done():
-            producer.cancel()
-    cut = [sum(counts[:i]) for i in range(len(counts) + 1)]
-    return _Sent(bounds, probes, [lateness[cut[i]:cut[i + 1]] for i in range(len(counts))],
-                 sender.dropped, changes)
-
-
 # -- figures ------------------------------------------------------------------------
 
 
@@ -500,7 +487,7 @@ def _stretch(jobs: Sequence[tuple[float, float, float]], done: int, seconds: flo
             "readers_seen": max((k["readers"] for k in ticks), default=0)}
 
 
-def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float, sent: _Sent,
+def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float, sent: _Pressure,
                times: Sequence[tuple[float, float, float]],
                ticks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per phase: its arrivals, the rate they came at, those the
