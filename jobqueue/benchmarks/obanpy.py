@@ -1,20 +1,18 @@
-"""oban-py (the `oban` package on PyPI, the Python port of Elixir's Oban) as
-a peer. It needs Python 3.12 or newer and jobqueue supports 3.11, so it has
-a virtualenv of its own in `<checkout>/bench-results/oban-py/` (git-ignored),
-built with the first Python 3.12+ found (on PATH, then pyenv's), into which
-pip installs `oban==0.7.0` (exact); without one it is skipped with a
-one-line warning.
+"""oban-py (`oban` on PyPI, the Python port of Elixir's Oban) as a peer. It
+needs Python 3.12+ (jobqueue supports 3.11), so `oban==0.7.0` has a
+virtualenv of its own in `<checkout>/bench-results/oban-py/` (git-ignored),
+built with the first Python 3.12+ on PATH or pyenv's; without one it is
+skipped with a one-line warning.
 
-The comparison starts it as its production guide advises (`recommended`),
-`oban start --queues default:<limit>`, its schema installed by its own
-`oban install`. It has no drain mode: a drain stops its processes with SIGTERM (its
-graceful shutdown) once no job is left to run, as jobqueue's are stopped.
+It runs as its production guide advises (`recommended`), `oban start
+--queues default:<limit>`, its schema by `oban install`. It has no drain
+mode: a drain stops its processes with SIGTERM (its graceful shutdown) once
+no job is left to run, as jobqueue's are stopped.
 
-**Timing.** It keeps a finished job's row, with `inserted_at`,
-`attempted_at` (the claim) and `completed_at`, each its statement's `now()`;
-`completed_at` is written when its producer acknowledges a batch of
-finished jobs, at its next fetch: the time a completion was recorded, as
-for every other system.
+**Timing.** A finished job's row keeps `inserted_at`, `attempted_at` (the
+claim) and `completed_at`, each its statement's `now()`; `completed_at` is
+written when its producer acknowledges a batch of finished jobs, at its
+next fetch: the time a completion was recorded, as for every other system.
 """
 
 from __future__ import annotations

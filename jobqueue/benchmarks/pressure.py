@@ -306,9 +306,6 @@ _TABLES = """
            n_dead_tup AS dead, n_live_tup AS live,
            pg_total_relation_size(relid) AS total_bytes, pg_indexes_size(relid) AS index_bytes
     FROM pg_stat_user_tables WHERE relname = ANY($1::text[])"""
-#: A phase whose arrivals came at less than this share of its rate is flagged
-#: (`rate_met`): the producer could not send them on time.
-MET_SHARE = 0.95
 
 
 async def _sample(conn: asyncpg.Connection, tables: Sequence[str]) -> dict[str, Any]:
@@ -515,7 +512,7 @@ def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float, se
             "sustained": sustained_rate, "rate": rates[i],
             "capped": phase.load is not None and rates[i] < phase.load * sustained_rate,
             "arrivals": len(arrived), "dropped": sent.dropped[i], "achieved_rate": achieved,
-            "rate_met": bool(achieved >= MET_SHARE * rates[i]),
+            "rate_met": bool(achieved >= peers.MET_SHARE * rates[i]),
             "producer_late_p99_ms": quantile(lateness[i], 0.99) * 1000 if lateness[i] else 0.0,
             **_stretch([t for t in arrived if t[0] >= first + config.warmup],
                        sum(lo <= t[2] < hi for t in times), hi - lo, mine),
