@@ -31,7 +31,7 @@ import contextlib
 import logging
 import shlex
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -449,19 +449,25 @@ async def drain_setup(urls: Mapping[str, str], setup: Mapping[str, Any], *, n: i
             "preset": preset(setup, row["argv"])}
 
 
+def _rounds(setups: Sequence[Mapping[str, Any]], what: str, repeat: int = 1,
+            rates: Sequence[float] = (0.0,)) -> Iterator[tuple[int, float, Mapping[str, Any]]]:
+    """(run, rate, setup) for every runnable setup at every rate, `repeat`
+    rounds of all of them in turn, so that a slow spell of the machine hits
+    them all, not one system's runs; a progress step after each."""
+    setups = runnable(setups)
+    with scenarios.progress(len(setups) * len(rates) * repeat, what) as bar:
+        for run in range(1, repeat + 1):
+            for rate in rates:
+                for setup in setups:
+                    yield run, rate, setup
+                    bar.update()
+
+
 async def drain_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]], *,
                            n: int, repeat: int, handler: str = NOOP) -> list[dict[str, Any]]:
-    """`drain_setup` of every setup, `repeat` rounds of all of them in turn,
-    so that a slow spell of the machine hits them all, not one system's runs."""
-    setups = runnable(setups)
-    rows = []
-    with scenarios.progress(len(setups) * repeat, f"drain ({handler})") as bar:
-        for run in range(1, repeat + 1):
-            for setup in setups:
-                rows.append({**await drain_setup(urls, setup, n=n, handler=handler),
-                             "run": run})
-                bar.update()
-    return rows
+    """`drain_setup` of every setup, `repeat` rounds (`_rounds`)."""
+    return [{**await drain_setup(urls, setup, n=n, handler=handler), "run": run}
+            for run, _, setup in _rounds(setups, f"drain ({handler})", repeat)]
 
 
 async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]], *,
@@ -470,23 +476,16 @@ async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[s
                              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Open-loop runs (`open_loop`) of every setup at every rate, `repeat`
     rounds: the summaries, and every counted job's latencies (ms)."""
-    setups = runnable(setups)
     summaries, samples = [], []
-    with scenarios.progress(len(setups) * len(rates) * repeat, "latency") as bar:
-        for run in range(1, repeat + 1):
-            for rate in rates:
-                for setup in setups:
-                    system = setup["system"]
-                    result = await open_loop(system, urls[system], rate=rate, seconds=seconds,
-                                             setup=setup, warmup=warmup)
-                    summary = result["summary"]
-                    summaries.append({**summary, "run": run})
-                    samples += [{"system": system, "settings": summary["settings"],
-                                 "rate": rate, "run": run, "to_start_ms": s * 1000,
-                                 "to_complete_ms": c * 1000}
-                                for s, c in zip(result["to_start"], result["to_complete"],
-                                                strict=True)]
-                    bar.update()
+    for run, rate, setup in _rounds(setups, "latency", repeat, rates):
+        system = setup["system"]
+        result = await open_loop(system, urls[system], rate=rate, seconds=seconds, setup=setup,
+                                 warmup=warmup)
+        summary = result["summary"]
+        summaries.append({**summary, "run": run})
+        samples += [{"system": system, "settings": summary["settings"], "rate": rate,
+                     "run": run, "to_start_ms": s * 1000, "to_complete_ms": c * 1000}
+                    for s, c in zip(result["to_start"], result["to_complete"], strict=True)]
     return summaries, samples
 
 
@@ -494,17 +493,14 @@ async def memory_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[st
                             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One long drain per setup (its own `n`), one worker, RSS sampled: the
     summaries (with the change per 10,000 jobs) and the timelines."""
-    setups = runnable(setups)
     summaries, timelines = [], []
-    with scenarios.progress(len(setups), "memory") as bar:
-        for setup in setups:
-            system, n = setup["system"], int(setup["n"])
-            row, timeline = await _drain(system, urls[system], {**setup, "workers": 1}, n=n,
-                                         memory=True, timeout=3600.0)
-            tags = {"system": system, "settings": label(system, row["argv"])}
-            growth = row["rss_end_mib"] - row["rss_start_mib"]
-            summaries.append({**row, **tags, "rss_per_10k_jobs_mib": growth / n * 10_000})
-            timelines += [{**tags, "n": n, "drain_seconds": row["seconds"], **point}
-                          for point in timeline]
-            bar.update()
+    for _, _, setup in _rounds(setups, "memory"):
+        system, n = setup["system"], int(setup["n"])
+        row, timeline = await _drain(system, urls[system], {**setup, "workers": 1}, n=n,
+                                     memory=True, timeout=3600.0)
+        tags = {"system": system, "settings": label(system, row["argv"])}
+        growth = row["rss_end_mib"] - row["rss_start_mib"]
+        summaries.append({**row, **tags, "rss_per_10k_jobs_mib": growth / n * 10_000})
+        timelines += [{**tags, "n": n, "drain_seconds": row["seconds"], **point}
+                      for point in timeline]
     return summaries, timelines
