@@ -19,7 +19,7 @@ import asyncpg
 
 from jobqueue import db
 from jobqueue.benchmarks import scenarios
-from jobqueue.benchmarks.peer_worker import PROCESS_PAYMENT
+from jobqueue.benchmarks.peer_worker import PROCESS_PAYMENT, build_parser
 from jobqueue.testing import WorkerProcess
 
 logger = logging.getLogger(__name__)
@@ -194,14 +194,24 @@ def can_install(system: str, install: Callable[[], Any]) -> bool:
     return True
 
 
-def python_peer(system: str, **fields: Any) -> Peer:
+def python_peer(system: str, knob: str, word: str, **fields: Any) -> Peer:
     """A peer whose package (named as the system) is in the lab's virtualenv
-    and whose worker is `peer_worker.py <system>`."""
+    and whose worker is `peer_worker.py <system>`, with one knob (`knob`, a
+    column and a flag of `peer_worker`'s, shown as `word` in its label)."""
     def start(url: str, log: Path, args: list[str], drain: bool) -> WorkerProcess:
         return WorkerProcess(url, log, *args, *(["--drain"] if drain else []),
                              command=("-P", str(PEER_WORKER), system), env=libpq_env(url))
+
+    def value(args: list[str]) -> int:
+        return int(getattr(build_parser().parse_args([system, *args]), knob))
+
     return Peer(system=system, worker=start, available=lambda: installed(system),
-                versions=lambda: package_version(system, system), **fields)
+                versions=lambda: package_version(system, system),
+                label=lambda args, workers: f"{word} {value(args)}, {processes(workers)}",
+                argv=lambda setup, handler: [f"--{knob.replace('_', '-')}", str(
+                    setup.get(knob, build_parser().get_default(knob)))],
+                columns=lambda args: {"batch_size": None, "concurrency": None,
+                                      knob: value(args)}, **fields)
 
 
 def events_sql(table: str, at: str, kind: str, kinds: Sequence[str]) -> str:
