@@ -109,20 +109,10 @@ def available() -> bool:
     return adapter.can_install(SYSTEM, install)
 
 
-def worker_argv(limit: int = DOCS_LIMIT) -> list[str]:
-    """`oban start`'s arguments for one queue of `limit` concurrent jobs."""
-    return ["--queues", f"default:{limit}"]
-
-
 def limit_of(args: list[str]) -> int:
     """The queue limit a run's recorded arguments gave oban-py."""
     queues = dict(q.split(":", 1) for q in args[args.index("--queues") + 1].split(","))
     return int(queues["default"])
-
-
-def settings(args: list[str], workers: int) -> str:
-    """The label the tables show, read from the recorded arguments."""
-    return f"limit {limit_of(args)}, {adapter.processes(workers)}, `oban start`"
 
 
 def process(url: str, log: Path, args: list[str], drain: bool = False) -> WorkerProcess:
@@ -162,8 +152,11 @@ def _versions() -> dict[str, str]:
 
 
 PEER = Peer(
-    system=SYSTEM, label=settings,
-    argv=lambda setup, handler: worker_argv(int(setup.get("limit", DOCS_LIMIT))),
+    system=SYSTEM,
+    label=lambda args, workers: (
+        f"limit {limit_of(args)}, {adapter.processes(workers)}, `oban start`"),
+    #: `oban start` with one queue of `limit` concurrent jobs.
+    argv=lambda setup, handler: ["--queues", f"default:{int(setup.get('limit', DOCS_LIMIT))}"],
     install=install_schema, truncate="TRUNCATE oban_jobs, oban_producers, oban_leaders",
     tables=("oban_jobs",), fill=fill, worker=process,
     drained=adapter.logged(DRAIN_SQL, DONE_SQL, STARTED_SQL),
