@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -47,11 +48,9 @@ HOLDER = "pressure holder"
 READER = "pressure reader"
 SAMPLER = "pressure sampler"
 PROBE = "pressure probe"
-#: The systems measured, as the comparison's latency runs configure them
-#: (one worker process each): jobqueue as the README starts it, PgQueuer at
-#: jobqueue's batch ceiling, Procrastinate at its docs' example concurrency
-#: (its drain smaller: it sustains a few hundred jobs/s), oban-py by its CLI
-#: with its docs' queue limit.
+#: The systems measured, one worker process each, as the comparison's latency
+#: runs configure them (PgQueuer at jobqueue's batch ceiling; Procrastinate's
+#: drain smaller: it sustains a few hundred jobs/s).
 SETUPS: tuple[dict[str, Any], ...] = (
     {"system": "jobqueue", "flags": []},
     {"system": "pgqueuer", "batch_size": DEFAULT_BATCH_SIZE},
@@ -151,12 +150,9 @@ class Config:
     connections: int = 8
     top_waits: int = 3
 
-    def base_rate(self, sustained: float) -> float:
-        return min(self.rate, self.base_share * sustained)
-
     def rate_of(self, phase: Phase, sustained: float) -> float:
         if phase.load is None:
-            return self.base_rate(sustained)
+            return min(self.rate, self.base_share * sustained)
         return min(phase.load * sustained, self.max_rate)
 
 
@@ -204,9 +200,7 @@ class _Pressure:
     async def run(self, running: peers.IdleWorker, rates: Sequence[float], steps: Any) -> None:
         """The phases on the loop's clock, the producer running through them all."""
         loop, phase_list, clock = asyncio.get_running_loop(), self.config.phases, running.conn
-        offsets = [0.0]
-        for phase in phase_list:
-            offsets.append(offsets[-1] + phase.seconds)
+        offsets = [0.0, *itertools.accumulate(float(p.seconds) for p in phase_list)]
         counts = [max(1, round(r * p.seconds)) for r, p in zip(rates, phase_list, strict=True)]
         schedule = [offsets[i] + k / rates[i] for i, n in enumerate(counts) for k in range(n)]
         sender = _Sender(running.enqueue_one, counts, rates, self.config.max_behind)
