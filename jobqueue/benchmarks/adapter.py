@@ -1,7 +1,6 @@
 """The one interface every system of the comparison sits behind (`Peer`),
-and what its adapters share. `peers` runs any `Peer` the same way, so a new
-queue is one module that builds one (`pgqueuer_peer`, `procrastinate_peer`,
-`obanpy`, `graphile`; jobqueue's and the course design's are in `peers`)."""
+and what its adapters share: `peers` runs any `Peer` the same way, so a new
+queue is one module that builds one."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import asyncpg
 
 from jobqueue import db
 from jobqueue.benchmarks import scenarios
-from jobqueue.benchmarks.peer_worker import PROCESS_PAYMENT
+from jobqueue.benchmarks.peer_worker import PROCESS_PAYMENT, build_parser
 from jobqueue.testing import WorkerProcess
 
 logger = logging.getLogger(__name__)
@@ -48,11 +47,10 @@ def _unsupported(*_: Any) -> Any:
 
 @dataclass(frozen=True)
 class Peer:
-    """One system: install it, queue n jobs of a workload, start its workers
-    as its docs advise, read back when each job ran, stop. A setup (a dict)
-    becomes the arguments its processes get (`argv`), and everything a
-    results row says about the setup is read back from those (`label`,
-    `columns`, `preset`), so a label cannot name a knob the run did not use."""
+    """One system: install it, queue n jobs, start its workers as its docs
+    advise, read back when each job ran. A setup becomes its processes'
+    arguments (`argv`), and a row says of the setup only what is read back
+    from those (`label`, `columns`, `preset`)."""
 
     system: str
     label: Callable[[list[str], int], str]
@@ -88,6 +86,10 @@ class Peer:
     own_drain: Callable[..., Awaitable[tuple[dict[str, Any], list[dict[str, Any]]]]] | None = None
     #: What opens its database instead of creating one and calling `install`.
     open: Callable[[str], Awaitable[str]] | None = None
+    #: What its documentation advises for throughput, in this lab's words
+    #: (read 2026-12-01), and the (name, URL) of the pages that say it:
+    #: printed beside every table, under the setups that ran.
+    recommended: tuple[str, tuple[tuple[str, str], ...]] = ("", ())
 
 
 # -- what the adapters share ----------------------------------------------------------
@@ -103,8 +105,8 @@ async def connect(url: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 def libpq_env(url: str) -> dict[str, str]:
-    """The database as libpq environment variables, which both asyncpg and
-    psycopg read: the peer worker process needs no URL parser of ours."""
+    """The database as libpq's environment variables (asyncpg and psycopg
+    read them): a peer's process needs no URL parser of ours."""
     args = db.asyncpg_connect_args(url)
     names = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER",
              "password": "PGPASSWORD", "database": "PGDATABASE"}
@@ -164,9 +166,8 @@ def run(command: Sequence[str], *, timeout: float, cwd: Path | None = None,
 
 def install_once(folder: Path, ready: Callable[[], bool], steps: Sequence[Sequence[str]], *,
                  timeout: float, before: Callable[[], Any] = lambda: None) -> Path:
-    """A pinned peer installed into `folder` (under the git-ignored
-    `bench-results/`) by `steps`, unless `ready()` says it is there already;
-    a file lock keeps two callers from installing at once. The folder."""
+    """A pinned peer installed into `folder` by `steps` unless `ready()`,
+    under a file lock (two callers must not install at once)."""
     if ready():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
@@ -184,7 +185,7 @@ def install_once(folder: Path, ready: Callable[[], bool], steps: Sequence[Sequen
 
 def can_install(system: str, install: Callable[[], Any]) -> bool:
     """Whether `install()` works (installing now if need be); False with a
-    one-line warning otherwise, so the comparison skips the system."""
+    one-line warning otherwise (the comparison skips the system)."""
     try:
         install()
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
@@ -193,14 +194,24 @@ def can_install(system: str, install: Callable[[], Any]) -> bool:
     return True
 
 
-def python_peer(system: str, **fields: Any) -> Peer:
+def python_peer(system: str, knob: str, word: str, **fields: Any) -> Peer:
     """A peer whose package (named as the system) is in the lab's virtualenv
-    and whose worker is `peer_worker.py <system>`."""
+    and whose worker is `peer_worker.py <system>`, with one knob (`knob`, a
+    column and a flag of `peer_worker`'s, shown as `word` in its label)."""
     def start(url: str, log: Path, args: list[str], drain: bool) -> WorkerProcess:
         return WorkerProcess(url, log, *args, *(["--drain"] if drain else []),
                              command=("-P", str(PEER_WORKER), system), env=libpq_env(url))
+
+    def value(args: list[str]) -> int:
+        return int(getattr(build_parser().parse_args([system, *args]), knob))
+
     return Peer(system=system, worker=start, available=lambda: installed(system),
-                versions=lambda: package_version(system, system), **fields)
+                versions=lambda: package_version(system, system),
+                label=lambda args, workers: f"{word} {value(args)}, {processes(workers)}",
+                argv=lambda setup, handler: [f"--{knob.replace('_', '-')}", str(
+                    setup.get(knob, build_parser().get_default(knob)))],
+                columns=lambda args: {"batch_size": None, "concurrency": None,
+                                      knob: value(args)}, **fields)
 
 
 def events_sql(table: str, at: str, kind: str, kinds: Sequence[str]) -> str:

@@ -1,44 +1,37 @@
 """graphile-worker (Node.js), the fastest published PostgreSQL job queue, as
-a peer: `install()` puts `graphile-worker@0.18.0` (exact) with npm into
-`<checkout>/bench-results/graphile-worker/` (git-ignored); without node or
-npm it is skipped with a one-line warning. 0.18.0 declares `node >= 22.18`;
-it installs and runs on this machine's Node 20 (npm only warns), which is
-what the figures were measured with.
+a peer: `graphile-worker@0.18.0` (exact) installed by npm into
+`<checkout>/bench-results/graphile-worker/` (git-ignored), skipped with one
+warning line without node or npm. 0.18.0 declares `node >= 22.18`; it
+installs and runs on this machine's Node 20 (npm only warns), which is what
+the figures were measured with.
 
 **Its own perfTest configuration** (`perfTest/` in github.com/graphile/worker,
-main at abfb4cf): `PARALLELISM = 4` processes of `cli.js --once` (drain what
-is runnable, then exit) with `NO_LOG_SUCCESS=1`; the schema installed by
-`cli.js --schema-only`; jobs queued beforehand with the SQL function
-`add_jobs(job_spec[])`; `concurrentJobs: 24`, `maxPoolSize` concurrency + 1,
-`localQueue: {size: 500, refetchDelay: {durationMs: 10}}`,
-`completeJobBatchDelay: 0`, `failJobBatchDelay: 0`,
-`gracefulShutdownAbortTimeout: 2500`; the rest at 0.18.0's defaults
-(prepared statements, times from the database's `now()`). A setup changes
-only the concurrency (the pool following it) and the number of processes;
-each run writes its options to a `graphile.config.cjs` of its own. The tasks
-(`graphile_tasks/`) write through the pool graphile-worker lends them
-(`helpers.query`; `process_payment` one client, `helpers.withPgClient`, in
-BEGIN … COMMIT).
+main at abfb4cf): 4 processes of `cli.js --once` (drain what is runnable,
+then exit) with `NO_LOG_SUCCESS=1`, the schema by `cli.js --schema-only`,
+jobs queued beforehand with `add_jobs(job_spec[])`, `PERFTEST_OPTIONS`,
+`concurrentJobs: 24`, `maxPoolSize` concurrency + 1, the rest at 0.18.0's
+defaults. A setup changes only the concurrency (the pool following it) and
+the number of processes, written to a `graphile.config.cjs` of the run's
+own. The tasks (`graphile_tasks/`) write through the pool graphile-worker
+lends them (`process_payment`: one client, in BEGIN … COMMIT).
 
-**Timing.** graphile-worker deletes a job when it completes and keeps no log,
-so nothing records a completion time. The drain is timed on the database's
-clock from outside, by one connection that samples its jobs table every 10 ms
-(`SAMPLE_INTERVAL`), each sample a short autocommit statement (one left open
-would hold back the xmin horizon). Start: a claim sets `locked_at` on every
-job it takes, read from the first `add_jobs` chunk's rows (every claim takes
-the earliest first), or, should some be gone already when the claim is first
-seen, the last sample that saw the chunk untouched (up to one sampling gap
-early). End: the first sample that finds the table empty. So `seconds` runs
-from the first claim to within one sampling gap after the last completion:
-never shorter than the drain. On the lab's 2-core machine, with 4 node
-processes busy, that last gap was 13-43 ms (about 0.5-1.5 % of a 3 s drain,
-always against graphile-worker); each drain logs it at DEBUG.
+**Timing.** graphile-worker deletes a completed job and keeps no log, so
+the drain is timed on the database's clock from outside, by one connection
+sampling its jobs table every 10 ms (`SAMPLE_INTERVAL`; short autocommit
+statements, so as not to hold back the xmin horizon). Start: the
+`locked_at` a claim sets on the first `add_jobs` chunk's rows (every claim
+takes the earliest first), or, should some be gone when a claim is first
+seen, the last sample that saw the chunk untouched (up to one gap early).
+End: the first sample that finds the table empty. So `seconds` is never
+shorter than the drain; the last gap was 13-43 ms on the lab's 2-core
+machine (0.5-1.5 % of a 3 s drain, always against graphile-worker), logged
+at DEBUG.
 
-**Exactly once.** No job may be left in the table (a failed job stays there
-for its retry) and no worker log may say "Failed task"; for `write_row`,
-`bench_rows` must hold exactly n rows for n distinct jobs, all queued by this
-drain, which also catches a job run twice without failing; payments are
-checked as for every system (`scenarios.check_writes`).
+**Exactly once.** No job may be left in the table (a failed one stays for
+its retry) and no log may say "Failed task"; for `write_row`, `bench_rows`
+must hold n rows of n distinct jobs all queued by this drain (which also
+catches a job run twice without failing); payments are checked as for
+every system (`scenarios.check_writes`).
 """
 
 from __future__ import annotations
@@ -320,4 +313,11 @@ PEER = Peer(
     columns=lambda args: {"batch_size": None, "concurrency": _concurrency(args)},
     preset=lambda args, workers: PERFTEST if workers == PERFTEST_PROCESSES and args == knobs(
         preset_options(PERFTEST_CONCURRENCY)) else "",
-    available=available, versions=lambda: _versions() if available() else {})
+    available=available, versions=lambda: _versions() if available() else {},
+    recommended=(
+        "Its performance page: batching (a local queue, completions batched) for any "
+        "high-throughput queue, and perfTest, its own benchmark: 4 processes of 24 concurrent "
+        "jobs each, a pool of 25, a local queue of 500, `completeJobBatchDelay` and "
+        "`failJobBatchDelay` 0, tuned for an i9-14900K.",
+        (("performance", "https://worker.graphile.org/docs/performance"),
+         ("config", "https://worker.graphile.org/docs/config"))))

@@ -1,25 +1,18 @@
-"""oban-py (the `oban` package on PyPI, the Python port of Elixir's Oban) as
-a peer. It needs Python 3.12 or newer and jobqueue supports 3.11, so it has
-a virtualenv of its own in `<checkout>/bench-results/oban-py/` (git-ignored),
-built with the first Python 3.12+ found (on PATH, then pyenv's), into which
-pip installs `oban==0.7.0` (exact); without one it is skipped with a
-one-line warning.
+"""oban-py (`oban` on PyPI, the Python port of Elixir's Oban) as a peer. It
+needs Python 3.12+ (jobqueue supports 3.11), so `oban==0.7.0` has a
+virtualenv of its own in `<checkout>/bench-results/oban-py/` (git-ignored),
+built with the first Python 3.12+ on PATH or pyenv's; without one it is
+skipped with a one-line warning.
 
-**Its documented configuration.** Its production guide recommends its CLI:
-`oban start` "is already production-ready" (a JSON log line per job at INFO,
-the pruner, orphan rescue), with queues given as `name:limit` (its docs'
-examples use `default = 10`) and its connection pool at its defaults (1 to
-10). The comparison starts it exactly so, `oban start --queues
-default:<limit>`, its schema installed by its own `oban install`. The
-workers (`oban_workers/bench_oban.py`) write through a psycopg pool of their
-own. It has no drain mode: a drain stops its processes with SIGTERM (its
-graceful shutdown) once no job is left to run, as jobqueue's are stopped.
+It runs as its production guide advises (`recommended`), `oban start
+--queues default:<limit>`, its schema by `oban install`. It has no drain
+mode: a drain stops its processes with SIGTERM (its graceful shutdown) once
+no job is left to run, as jobqueue's are stopped.
 
-**Timing.** It keeps a finished job's row, with `inserted_at`,
-`attempted_at` (the claim) and `completed_at`, each its statement's `now()`;
-`completed_at` is written when its producer acknowledges a batch of
-finished jobs, at its next fetch: the time a completion was recorded, as
-for every other system.
+**Timing.** A finished job's row keeps `inserted_at`, `attempted_at` (the
+claim) and `completed_at`, each its statement's `now()`; `completed_at` is
+written when its producer acknowledges a batch of finished jobs, at its
+next fetch: the time a completion was recorded, as for every other system.
 """
 
 from __future__ import annotations
@@ -116,20 +109,10 @@ def available() -> bool:
     return adapter.can_install(SYSTEM, install)
 
 
-def worker_argv(limit: int = DOCS_LIMIT) -> list[str]:
-    """`oban start`'s arguments for one queue of `limit` concurrent jobs."""
-    return ["--queues", f"default:{limit}"]
-
-
 def limit_of(args: list[str]) -> int:
     """The queue limit a run's recorded arguments gave oban-py."""
     queues = dict(q.split(":", 1) for q in args[args.index("--queues") + 1].split(","))
     return int(queues["default"])
-
-
-def settings(args: list[str], workers: int) -> str:
-    """The label the tables show, read from the recorded arguments."""
-    return f"limit {limit_of(args)}, {adapter.processes(workers)}, `oban start`"
 
 
 def process(url: str, log: Path, args: list[str], drain: bool = False) -> WorkerProcess:
@@ -169,8 +152,11 @@ def _versions() -> dict[str, str]:
 
 
 PEER = Peer(
-    system=SYSTEM, label=settings,
-    argv=lambda setup, handler: worker_argv(int(setup.get("limit", DOCS_LIMIT))),
+    system=SYSTEM,
+    label=lambda args, workers: (
+        f"limit {limit_of(args)}, {adapter.processes(workers)}, `oban start`"),
+    #: `oban start` with one queue of `limit` concurrent jobs.
+    argv=lambda setup, handler: ["--queues", f"default:{int(setup.get('limit', DOCS_LIMIT))}"],
     install=install_schema, truncate="TRUNCATE oban_jobs, oban_producers, oban_leaders",
     tables=("oban_jobs",), fill=fill, worker=process,
     drained=adapter.logged(DRAIN_SQL, DONE_SQL, STARTED_SQL),
@@ -179,4 +165,13 @@ PEER = Peer(
     jobs_sql=("SELECT id, extract(epoch FROM inserted_at) AS enqueued,"
               " extract(epoch FROM attempted_at) AS started,"
               " extract(epoch FROM completed_at) AS completed FROM oban_jobs"),
-    available=available, versions=lambda: _versions() if available() else {})
+    available=available, versions=lambda: _versions() if available() else {},
+    recommended=(
+        "Its production guide recommends its CLI, `oban start` (a JSON log line per job at "
+        "INFO, pruning and orphan rescue on), with queues given as `name:limit`: its docs' "
+        "examples use `default = 10`, with the connection pool at its defaults (1 to 10). "
+        "It says nothing about throughput; the tasks write through a psycopg pool of their own, "
+        "as large as the limit.",
+        (("production", "https://github.com/oban-bg/oban-py/blob/main/docs/production.md"),
+         ("defining queues",
+          "https://github.com/oban-bg/oban-py/blob/main/docs/defining_queues.md"))))

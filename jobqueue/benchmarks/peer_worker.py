@@ -1,34 +1,25 @@
 """A Python peer's worker in a process of its own (`peer_worker.py pgqueuer
 --batch-size 10 [--drain]`, `… procrastinate --concurrency 10 [--drain]`).
 
-The lab starts it by path with `python -P`, never as a module of jobqueue:
-importing the jobqueue package would load SQLAlchemy into the peer's process
-and inflate the resident memory the lab reports for it. So this file imports
-nothing from jobqueue; the database comes from libpq's environment
-variables, which asyncpg and psycopg both read.
+Started by path with `python -P` and importing nothing from jobqueue:
+jobqueue's package would load SQLAlchemy into the peer's process and
+inflate the memory the lab reports for it (libpq's environment names the
+database). Job types: `noop`; `write_row`, one row into `bench_rows`;
+`process_payment`, the seed's handler (`jobqueue.lab.examples`, a balance
+UPDATE and a payment INSERT in one transaction). Each task reaches the
+database as its peer's docs show:
 
-Each peer runs as its documentation shows, with three job types: `noop`;
-`write_row`, one row into `bench_rows`; and `process_payment`, the seed's
-handler (`jobqueue.lab.examples`): a balance UPDATE and a payment INSERT in
-one transaction. Each task reaches the database as that peer's docs have a
-task do it:
-
-- PgQueuer: `pgqueuer.run(factory, batch_size=…, mode=…)`, the documented way
-  to start from Python what `pgq run` starts (the `pgq` command itself
-  crashes under typer 0.29 here), on a dedicated asyncpg connection as its
-  performance guide advises; `--drain` is its `QueueExecutionMode.drain`.
-  The tasks write through an asyncpg pool (its default size, 10) handed to
-  the jobs as a shared resource (`resources=`), as its docs advise.
-- Procrastinate: `App(connector=PsycopgConnector(…))` with async tasks,
-  `run_worker_async(concurrency=N, wait=not drain)`, the pool holding
-  concurrency + 1 connections (its docs: with short jobs, as many as the
-  concurrency, plus one). `write_row` writes through the app's connector;
-  `process_payment` takes a connection from the connector's psycopg pool
-  for its transaction, psycopg's documented pattern.
+- PgQueuer: `pgqueuer.run(factory, batch_size=…, mode=…)`, what `pgq run`
+  starts (the `pgq` command crashes under typer 0.29 here), on a dedicated
+  asyncpg connection; `--drain` is `QueueExecutionMode.drain`; the tasks
+  write through an asyncpg pool (default size, 10) passed as `resources=`.
+- Procrastinate: `App(connector=PsycopgConnector(…))`, async tasks,
+  `run_worker_async(concurrency=N, wait=not drain)`, a pool of
+  concurrency + 1; `process_payment` takes a connection from that pool.
 
 No peer can put a task's write in the transaction that records the job's
-completion: each write commits on its own first (a payment run again is
-refused by its primary key and fails).
+completion: each write commits first (a payment run again fails on its
+primary key).
 """
 
 from __future__ import annotations

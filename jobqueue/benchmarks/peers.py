@@ -1,19 +1,15 @@
-"""jobqueue beside its peers: PgQueuer, Procrastinate, oban-py, graphile-worker
-and the course's design, measured the same way on the same server, one
-after another in one run.
+"""jobqueue beside its peers (PgQueuer, Procrastinate, oban-py,
+graphile-worker, the course's design), measured alike on the same server,
+one after another, each behind `adapter.Peer` in a database of its own.
 
-Each system is an adapter behind one interface (`adapter.Peer`) and the
-runners here loop over adapters: a drain (N jobs already queued, W worker
-processes, throughput from the first claim to the last recorded completion,
-every job checked done once and its writes checked, each process's RSS
-sampled), `open_loop` (jobs enqueued one by one at scheduled times over one
-asyncpg pool for every system, each with the statement its own enqueue
-sends; one idle worker; the first `WARMUP` s left out; a percentile only
-where the sample carries it) and memory (one worker draining a big table).
-Each peer has a database of its own with its schema installed by its own
-API. The figures come from the timestamps each system records in its own
-tables, on the database's clock, each the time of the statement that makes
-the change (its commit follows within about a millisecond):
+A drain: N jobs queued, W worker processes, from the first claim to the
+last recorded completion, every job checked done once and its writes
+checked, RSS sampled. `open_loop`: jobs enqueued one by one at scheduled
+times over one asyncpg pool (each system's own enqueue statement) to one
+idle worker, the first `WARMUP` s left out, a percentile only where the
+sample carries it. Memory: one worker draining a big table. The figures
+are each system's own timestamps, on the database's clock (each its
+statement's time; the commit follows within about a millisecond):
 
 | system | enqueued | started (claimed) | completion recorded |
 |---|---|---|---|
@@ -22,13 +18,11 @@ the change (its commit follows within about a millisecond):
 | Procrastinate | `procrastinate_events` `deferred` | `started` | `succeeded` |
 | oban-py | `oban_jobs.inserted_at` | `attempted_at` | `completed_at` |
 
-(graphile-worker keeps no record of a completion: `graphile` says how its
-drains are timed.) A setup is a dict (`{"system": "pgqueuer", "batch_size":
-1000, "workers": 2}`; a jobqueue setup is the worker's command line,
-`{"system": "jobqueue", "flags": []}` being `jobqueue worker --import MODULE`
-as the README starts it). Every run records the arguments its processes got
-(`argv`) and its label is read back from them alone (`label`), so a label
-cannot name a knob the run did not use. A setup may carry its own `n`.
+(graphile-worker records no completion: `graphile` says how it is timed.)
+A setup is a dict (`{"system": "pgqueuer", "batch_size": 1000, "workers":
+2}`; jobqueue's `{"flags": []}` is `jobqueue worker --import MODULE`), maybe
+with its own `n`; its label is read back from the arguments its processes
+got (`argv`), so it cannot name a knob the run did not use.
 """
 
 from __future__ import annotations
@@ -37,7 +31,7 @@ import contextlib
 import logging
 import shlex
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,56 +56,6 @@ logger = logging.getLogger(__name__)
 GRAPHILE = graphile.SYSTEM
 OBAN = obanpy.SYSTEM
 PEERS = ("pgqueuer", "procrastinate", OBAN, GRAPHILE)
-#: What each system's own documentation advises for throughput, in this
-#: lab's words (read 2026-12-01), and the pages that say it. The notebook and
-#: BENCHMARKS.md print it beside every table, under the setups that ran.
-RECOMMENDED: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
-    "jobqueue": (
-        "The README starts it as `jobqueue worker --import MODULE` with the CLI's defaults "
-        "(2 lanes, batches of up to 1,000, quick batches); `--shared` lets several processes "
-        "work at once instead of one active and the others standing by.",
-        ()),
-    "pgqueuer": (
-        "Its performance guide: raise `batch_size` (default 10) when jobs are short-lived "
-        "(under a second), without giving a number; `max_concurrent_tasks` unset (no cap; "
-        "if set, at least twice the batch); the `durable` default; `pgq autovac` after "
-        "installing; a "
-        "dedicated asyncpg connection for the worker. Its deployment guide: one worker "
-        "process per CPU core for CPU-bound work. Its benchmark tool runs 5 queue managers "
-        "of batch 10 in one process.",
-        (("performance tuning", "https://janbjorge.github.io/pgqueuer/guides/performance-tuning/"),
-         ("deployment", "https://janbjorge.github.io/pgqueuer/guides/deployment/"),
-         ("benchmarks", "https://janbjorge.github.io/pgqueuer/comparisons/benchmarks/"))),
-    "procrastinate": (
-        "Its docs: a worker runs one job at a time by default; for throughput, launch several "
-        "workers, each in its own process, and give async tasks `concurrency` (their example: "
-        "30); with short jobs the pool should hold as many connections as the concurrency, "
-        "plus one.",
-        (("concurrency",
-          "https://procrastinate.readthedocs.io/en/stable/howto/production/concurrency.html"),
-         ("pool size", "https://procrastinate.readthedocs.io/en/stable/discussions.html"
-                       "#mind-the-size-of-your-postgresql-pool"))),
-    OBAN: (
-        "Its production guide recommends its CLI, `oban start` (a JSON log line per job at "
-        "INFO, pruning and orphan rescue on), with queues given as `name:limit`: its docs' "
-        "examples use `default = 10`, with the connection pool at its defaults (1 to 10). "
-        "It says nothing about throughput; the tasks write through a psycopg pool of their own, "
-        "as large as the limit.",
-        (("production", "https://github.com/oban-bg/oban-py/blob/main/docs/production.md"),
-         ("defining queues",
-          "https://github.com/oban-bg/oban-py/blob/main/docs/defining_queues.md"))),
-    GRAPHILE: (
-        "Its performance page: batching (a local queue, completions batched) for any "
-        "high-throughput queue, and perfTest, its own benchmark: 4 processes of 24 concurrent "
-        "jobs each, a pool of 25, a local queue of 500, `completeJobBatchDelay` and "
-        "`failJobBatchDelay` 0, tuned for an i9-14900K.",
-        (("performance", "https://worker.graphile.org/docs/performance"),
-         ("config", "https://worker.graphile.org/docs/config"))),
-    "course design": (
-        "The course's own runner (`jobqueue/benchmarks/course.py`): a transaction and ORM "
-        "round trips per job, in the benchmark's process.",
-        ()),
-}
 #: The `preset` column's names for the two setups the findings single out.
 CLI_DEFAULTS = "CLI defaults"
 PERFTEST = graphile.PERFTEST
@@ -166,12 +110,21 @@ JOBQUEUE = Peer(
               " extract(epoch FROM completed_at) AS completed FROM jobs"),
     preset=lambda args, workers: CLI_DEFAULTS if workers == 1 and len(args) == 2 and (
         args[0] == "--import") else "",
-    own_drain=_jobqueue_drain, open=scenarios.open_bench)
+    own_drain=_jobqueue_drain, open=scenarios.open_bench,
+    recommended=("The README starts it as `jobqueue worker --import MODULE` with the CLI's "
+                 "defaults (2 lanes, batches of up to 1,000, quick batches); `--shared` lets "
+                 "several processes work at once instead of one active and the others standing "
+                 "by.", ()))
 COURSE = Peer(system="course design",
               label=lambda args, workers: "a transaction per job, ORM, in-process",
-              own_drain=_course_drain)
+              own_drain=_course_drain,
+              recommended=("The course's own runner (`jobqueue/benchmarks/course.py`): a "
+                           "transaction and ORM round trips per job, in the benchmark's "
+                           "process.", ()))
 _PEERS = {p.system: p for p in (JOBQUEUE, pgqueuer_peer.PEER, procrastinate_peer.PEER,
                                 obanpy.PEER, graphile.PEER, COURSE)}
+#: What each system's documentation advises for throughput (`Peer.recommended`).
+RECOMMENDED = {system: p.recommended for system, p in _PEERS.items()}
 
 
 def _peer(system: str) -> Peer:
@@ -181,9 +134,8 @@ def _peer(system: str) -> Peer:
 
 
 def available(system: str) -> bool:
-    """Whether a system can run here: a Python peer installed (`make setup`
-    installs the `peers` extra), oban-py's Python 3.12+ found, graphile-worker
-    with node and npm on PATH; one warning line otherwise."""
+    """Whether a system can run here (installed, or installable by the
+    lab); one warning line otherwise."""
     return _peer(system).available()
 
 
@@ -199,9 +151,9 @@ def runnable(setups: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 async def open_peer(system: str, name: str) -> str:
-    """A database of the system's own (`jobqueue_bench_<name>`, replacing any
-    leftover) with its schema installed through its own API and the tables
-    the tasks write; its URL. Pair with `scenarios.close_bench(name)`."""
+    """A new database of the system's own (`jobqueue_bench_<name>`), its
+    schema installed by its own API, and the tasks' tables; its URL. Pair
+    with `scenarios.close_bench(name)`."""
     peer = _peer(system)
     if peer.open is not None:
         return await peer.open(name)
@@ -221,10 +173,8 @@ async def open_peer(system: str, name: str) -> str:
 
 
 def argv(setup: Mapping[str, Any], handler: str = NOOP) -> list[str]:
-    """The arguments a setup's worker processes get (jobqueue's command line,
-    `peer_worker.py`'s after the system's name, oban-py's `oban start`'s,
-    graphile-worker's knobs as `name=value` words for its config file).
-    Runs record these (`argv` column) and `label` reads them back."""
+    """The arguments a setup's worker processes get (graphile-worker's knobs
+    as `name=value` words for its config file): the `argv` column."""
     return _peer(setup["system"]).argv(setup, handler)
 
 
@@ -233,8 +183,7 @@ def _words(args: str | Sequence[str]) -> list[str]:
 
 
 def label(system: str, args: str | Sequence[str], workers: int = 1) -> str:
-    """A setup as the tables show it, read back from the arguments its
-    processes got (`argv`, as recorded), with each worker's own parser."""
+    """A setup as the tables show it, read back from its recorded `argv`."""
     return _peer(system).label(_words(args), workers)
 
 
@@ -243,16 +192,12 @@ def settings(setup: Mapping[str, Any], handler: str = NOOP) -> str:
     return label(setup["system"], argv(setup, handler), int(setup.get("workers", 1)))
 
 
-def preset_of(system: str, args: str | Sequence[str], workers: int = 1) -> str:
+def preset(setup: Mapping[str, Any], args: str | Sequence[str] | None = None) -> str:
     """`CLI_DEFAULTS` for one jobqueue process given no flag but `--import`,
     `PERFTEST` for graphile-worker in its perfTest configuration, else
-    empty; read from the recorded arguments, like `label`."""
-    return _peer(system).preset(_words(args), workers)
-
-
-def preset(setup: Mapping[str, Any]) -> str:
-    """`preset_of` a setup, before it runs."""
-    return preset_of(setup["system"], argv(setup), int(setup.get("workers", 1)))
+    empty; read from the arguments (`args`, as recorded, or the setup's)."""
+    return _peer(setup["system"]).preset(_words(argv(setup) if args is None else args),
+                                         int(setup.get("workers", 1)))
 
 
 def comparison_setups(handler: str, *, processes: Sequence[int], pgqueuer_batch: int,
@@ -260,11 +205,9 @@ def comparison_setups(handler: str, *, processes: Sequence[int], pgqueuer_batch:
                       graphile_worker: bool = True, perftest: bool = False,
                       oban_limit: int | None = obanpy.DOCS_LIMIT) -> list[dict[str, Any]]:
     """The comparison's setups for one workload: every queue with each of
-    `processes` worker processes, as its docs advise for throughput
-    (`RECOMMENDED`; jobqueue `--shared` beyond one process, so that all of
-    them work; oban-py left out if `oban_limit` is None), plus
-    graphile-worker's whole perfTest configuration (`perftest`) and the
-    course's design (no-op jobs only)."""
+    `processes` worker processes as its docs advise (`RECOMMENDED`;
+    jobqueue `--shared` beyond one; oban-py not if `oban_limit` is None),
+    graphile-worker's whole perfTest (`perftest`), the course's design."""
     def each(setup: dict[str, Any]) -> list[dict[str, Any]]:
         return [{**setup, "workers": k} for k in processes]
 
@@ -288,9 +231,9 @@ def comparison_setups(handler: str, *, processes: Sequence[int], pgqueuer_batch:
 
 
 async def _prepare(peer: Peer, url: str, handler: str, n: int = 0) -> Any:
-    """The system's tables and what the tasks write emptied, n jobs of type
-    `handler` queued through its own batch API, VACUUM ANALYZE: every run
-    starts alike. Returns what its `fill` returned."""
+    """Every run starts alike: the system's tables and the tasks' writes
+    emptied, n jobs queued by its own batch API (`fill`'s result returned),
+    VACUUM ANALYZE."""
     if handler not in HANDLERS:
         raise ValueError(f"unknown handler {handler!r}; one of {HANDLERS}")
     async with connect(url) as conn:
@@ -306,9 +249,7 @@ async def _prepare(peer: Peer, url: str, handler: str, n: int = 0) -> Any:
 async def _drain(system: str, url: str, setup: Mapping[str, Any], *, n: int,
                  handler: str = NOOP, memory: bool = False, timeout: float = 900.0,
                  log_dir: Path | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One drain of any system (its `own_drain` if it has one): fill, start
-    the setup's worker processes, wait until the peer's `drained` has seen
-    every job run exactly once, check the writes; the row and the RSS timeline."""
+    """One drain (or the system's `own_drain`): the row and the RSS timeline."""
     peer = _peer(system)
     if peer.own_drain is not None:
         return await peer.own_drain(url, setup, n, handler, memory)
@@ -341,10 +282,8 @@ async def drain(system: str, url: str, *, n: int, workers: int = 1, batch_size: 
                 concurrency: int | None = None, limit: int = obanpy.DOCS_LIMIT,
                 handler: str = NOOP, timeout: float = 900.0, log_dir: Path | None = None
                 ) -> dict[str, Any]:
-    """One drain of a peer, its knobs given by name (PgQueuer's
-    `batch_size`, Procrastinate's and graphile-worker's `concurrency`,
-    oban-py's queue `limit`); RuntimeError unless every job completed
-    exactly once and wrote exactly its rows."""
+    """One drain of a peer, its knobs by name; RuntimeError unless every job
+    completed exactly once and wrote exactly its rows."""
     setup = {"system": system, "workers": workers, "batch_size": batch_size, "limit": limit,
              **({} if concurrency is None else {"concurrency": concurrency})}
     row, _ = await _drain(system, url, setup, n=n, handler=handler, timeout=timeout,
@@ -357,6 +296,9 @@ async def drain(system: str, url: str, *, n: int, workers: int = 1, batch_size: 
 #: Seconds of arrivals at the start of each open-loop run left out of its
 #: figures (the worker's first batches, caches and plans still warming up).
 WARMUP = 1.0
+#: Arrivals at less than this share of the rate asked are flagged (`rate_met`),
+#: completions at less than it of the arrivals' rate too (`kept_up`).
+MET_SHARE = 0.95
 
 
 def carried(q: float, samples: int) -> bool:
@@ -383,11 +325,10 @@ def latency_summary(rate: float, seconds: float, lateness: Sequence[float],
                     times: Sequence[tuple[float, float, float]], warmup: float = WARMUP
                     ) -> dict[str, Any]:
     """An open-loop run's figures from each job's (enqueued, started,
-    completed) epoch seconds: the rate the producer achieved (over every
-    arrival), then the jobs enqueued `warmup` s or more after the first, and
-    their quantiles; `completed_rate` (their completions per second) says
-    whether the system kept up with the arrivals (`kept_up`) or worked off a
-    growing backlog at its own pace."""
+    completed) epoch seconds: the producer's rate over every arrival; the
+    quantiles of the jobs enqueued `warmup` s or more after the first;
+    `kept_up` unless their completions per second (`completed_rate`) fell
+    behind the arrivals (a growing backlog worked off at its own pace)."""
     times = sorted(times)
     first = times[0][0]
     span = times[-1][0] - first
@@ -396,18 +337,18 @@ def latency_summary(rate: float, seconds: float, lateness: Sequence[float],
     summary: dict[str, Any] = {
         "rate": rate, "seconds": seconds, "warmup_s": warmup, "arrivals": len(times),
         "jobs": len(counted), "achieved_rate": achieved,
-        "rate_met": achieved >= 0.95 * rate,
+        "rate_met": achieved >= MET_SHARE * rate,
         "producer_late_p99_ms": quantile(lateness, 0.99) * 1000}
     done = sorted(t[2] for t in counted)
     busy = done[-1] - done[0] if len(done) > 1 else 0.0
     summary["completed_rate"] = (len(done) - 1) / busy if busy > 0 else float("nan")
-    summary["kept_up"] = not summary["completed_rate"] < 0.95 * achieved
+    summary["kept_up"] = not summary["completed_rate"] < MET_SHARE * achieved
     return {**summary, **latencies(counted, scenarios.QUANTILES)}
 
 
 class IdleWorker:
-    """One system's worker process, up and idle (`idle_worker`), with the
-    producer that enqueues its jobs and a connection for the measurements."""
+    """One system's worker process, up and idle (`idle_worker`), its
+    producer, and a connection for the measurements."""
 
     def __init__(self, system: str, args: list[str], worker: WorkerProcess,
                  conn: asyncpg.Connection, enqueue_one: Any, warm_id: Any) -> None:
@@ -445,11 +386,10 @@ class IdleWorker:
 async def idle_worker(system: str, url: str, setup: Mapping[str, Any] | None = None, *,
                       connections: int = 8, log_dir: Path | None = None
                       ) -> AsyncIterator[IdleWorker]:
-    """The system's tables emptied and vacuumed, one worker process
-    (continuous mode, woken by its LISTEN/NOTIFY) started with the setup's
-    `argv`, and a producer: its `enqueue_one` over an asyncpg pool. A first
-    job, sent and completed before this yields, proves the worker is up;
-    `IdleWorker` leaves it out of everything it counts."""
+    """The system's tables emptied, one worker process (continuous mode,
+    woken by its LISTEN/NOTIFY) and a producer (`enqueue_one` over an
+    asyncpg pool). A first job, completed before this yields, proves the
+    worker up; `IdleWorker` leaves it out of everything it counts."""
     peer = _peer(system)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"{system}-latency-"))
     args = peer.argv({"system": system, **(setup or {})}, NOOP)
@@ -475,11 +415,9 @@ async def idle_worker(system: str, url: str, setup: Mapping[str, Any] | None = N
 async def open_loop(system: str, url: str, *, rate: float, seconds: float,
                     setup: Mapping[str, Any] | None = None, connections: int = 8,
                     warmup: float = WARMUP, log_dir: Path | None = None) -> dict[str, Any]:
-    """Arrivals at `rate` jobs/s for `warmup` + `seconds`, each enqueued in
-    its own transaction at its scheduled time, to one idle worker
-    (`idle_worker`); the first `warmup` s of arrivals are left out of the
-    figures (`latency_summary`). Returns the summary (with `system`, `argv`,
-    `settings`) and the counted jobs' latencies (s)."""
+    """Arrivals at `rate` jobs/s for `warmup` + `seconds` to one idle worker,
+    each in its own transaction at its scheduled time: the summary
+    (`latency_summary`, tagged) and the counted jobs' latencies (s)."""
     total = max(1, round(rate * (seconds + warmup)))
     async with idle_worker(system, url, setup, connections=connections,
                            log_dir=log_dir) as running:
@@ -501,31 +439,35 @@ async def open_loop(system: str, url: str, *, rate: float, seconds: float,
 
 async def drain_setup(urls: Mapping[str, str], setup: Mapping[str, Any], *, n: int,
                       handler: str = NOOP) -> dict[str, Any]:
-    """One drain of any system, `setup.get("n", n)` jobs of type `handler`
-    (the course design in jobqueue's database). The row's `settings` and
-    `preset` are read back from the `argv` the run recorded."""
+    """One drain of `setup.get("n", n)` jobs (the course design in jobqueue's
+    database), `settings` and `preset` read back from its recorded `argv`."""
     system = setup["system"]
     workers = int(setup.get("workers", 1))
     row, _ = await _drain(system, urls[system if system in urls else "jobqueue"], setup,
                           n=int(setup.get("n", n)), handler=handler)
     return {**row, "system": system, "settings": label(system, row["argv"], workers),
-            "preset": preset_of(system, row["argv"], workers)}
+            "preset": preset(setup, row["argv"])}
+
+
+def _rounds(setups: Sequence[Mapping[str, Any]], what: str, repeat: int = 1,
+            rates: Sequence[float] = (0.0,)) -> Iterator[tuple[int, float, Mapping[str, Any]]]:
+    """(run, rate, setup) for every runnable setup at every rate, `repeat`
+    rounds of all of them in turn, so that a slow spell of the machine hits
+    them all, not one system's runs; a progress step after each."""
+    setups = runnable(setups)
+    with scenarios.progress(len(setups) * len(rates) * repeat, what) as bar:
+        for run in range(1, repeat + 1):
+            for rate in rates:
+                for setup in setups:
+                    yield run, rate, setup
+                    bar.update()
 
 
 async def drain_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]], *,
                            n: int, repeat: int, handler: str = NOOP) -> list[dict[str, Any]]:
-    """Every setup drains n jobs of type `handler` (or the setup's own `n`),
-    `repeat` rounds; within a round the setups run one after another, so a
-    slow spell of the machine hits them all rather than one system's runs."""
-    setups = runnable(setups)
-    rows = []
-    with scenarios.progress(len(setups) * repeat, f"drain ({handler})") as bar:
-        for run in range(1, repeat + 1):
-            for setup in setups:
-                rows.append({**await drain_setup(urls, setup, n=n, handler=handler),
-                             "run": run})
-                bar.update()
-    return rows
+    """`drain_setup` of every setup, `repeat` rounds (`_rounds`)."""
+    return [{**await drain_setup(urls, setup, n=n, handler=handler), "run": run}
+            for run, _, setup in _rounds(setups, f"drain ({handler})", repeat)]
 
 
 async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]], *,
@@ -534,42 +476,31 @@ async def latency_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[s
                              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Open-loop runs (`open_loop`) of every setup at every rate, `repeat`
     rounds: the summaries, and every counted job's latencies (ms)."""
-    setups = runnable(setups)
     summaries, samples = [], []
-    with scenarios.progress(len(setups) * len(rates) * repeat, "latency") as bar:
-        for run in range(1, repeat + 1):
-            for rate in rates:
-                for setup in setups:
-                    system = setup["system"]
-                    result = await open_loop(system, urls[system], rate=rate, seconds=seconds,
-                                             setup=setup, warmup=warmup)
-                    summary = result["summary"]
-                    summaries.append({**summary, "run": run})
-                    samples += [{"system": system, "settings": summary["settings"],
-                                 "rate": rate, "run": run, "to_start_ms": s * 1000,
-                                 "to_complete_ms": c * 1000}
-                                for s, c in zip(result["to_start"], result["to_complete"],
-                                                strict=True)]
-                    bar.update()
+    for run, rate, setup in _rounds(setups, "latency", repeat, rates):
+        system = setup["system"]
+        result = await open_loop(system, urls[system], rate=rate, seconds=seconds, setup=setup,
+                                 warmup=warmup)
+        summary = result["summary"]
+        summaries.append({**summary, "run": run})
+        samples += [{"system": system, "settings": summary["settings"], "rate": rate,
+                     "run": run, "to_start_ms": s * 1000, "to_complete_ms": c * 1000}
+                    for s, c in zip(result["to_start"], result["to_complete"], strict=True)]
     return summaries, samples
 
 
 async def memory_comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]]
                             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """One long drain per setup (each with its own `n`), one worker, RSS
-    sampled: the summaries (with the change per 10,000 jobs, comparable
-    where the n differ), and the timelines."""
-    setups = runnable(setups)
+    """One long drain per setup (its own `n`), one worker, RSS sampled: the
+    summaries (with the change per 10,000 jobs) and the timelines."""
     summaries, timelines = [], []
-    with scenarios.progress(len(setups), "memory") as bar:
-        for setup in setups:
-            system, n = setup["system"], int(setup["n"])
-            row, timeline = await _drain(system, urls[system], {**setup, "workers": 1}, n=n,
-                                         memory=True, timeout=3600.0)
-            tags = {"system": system, "settings": label(system, row["argv"])}
-            growth = row["rss_end_mib"] - row["rss_start_mib"]
-            summaries.append({**row, **tags, "rss_per_10k_jobs_mib": growth / n * 10_000})
-            timelines += [{**tags, "n": n, "drain_seconds": row["seconds"], **point}
-                          for point in timeline]
-            bar.update()
+    for _, _, setup in _rounds(setups, "memory"):
+        system, n = setup["system"], int(setup["n"])
+        row, timeline = await _drain(system, urls[system], {**setup, "workers": 1}, n=n,
+                                     memory=True, timeout=3600.0)
+        tags = {"system": system, "settings": label(system, row["argv"])}
+        growth = row["rss_end_mib"] - row["rss_start_mib"]
+        summaries.append({**row, **tags, "rss_per_10k_jobs_mib": growth / n * 10_000})
+        timelines += [{**tags, "n": n, "drain_seconds": row["seconds"], **point}
+                      for point in timeline]
     return summaries, timelines

@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from jobqueue.benchmarks import adapter
-from jobqueue.benchmarks.peer_worker import NOOP, build_parser
+from jobqueue.benchmarks.peer_worker import NOOP
 
 SYSTEM = "pgqueuer"
 DRAIN_SQL = """
@@ -57,18 +57,21 @@ def enqueue_one(pool: asyncpg.Pool) -> Callable[[], Awaitable[Any]]:
     return lambda: queries.enqueue(NOOP, None)
 
 
-def batch_size(args: list[str]) -> int:
-    return int(build_parser().parse_args([SYSTEM, *args]).batch_size)
-
-
 PEER = adapter.python_peer(
-    SYSTEM,
-    label=lambda args, workers: f"batch {batch_size(args)}, {adapter.processes(workers)}",
-    argv=lambda setup, handler: ["--batch-size", str(setup.get("batch_size", 10))],
-    install=install, truncate="TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics",
+    SYSTEM, "batch_size", "batch", install=install,
+    truncate="TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics",
     tables=("pgqueuer", "pgqueuer_log"), fill=fill,
     drained=adapter.logged(DRAIN_SQL),
-    columns=lambda args: {"batch_size": batch_size(args), "concurrency": None},
     enqueue_one=enqueue_one,
     jobs_sql=adapter.events_sql("pgqueuer_log", "created", "status",
-                                ("queued", "picked", "successful")))
+                                ("queued", "picked", "successful")),
+    recommended=(
+        "Its performance guide: raise `batch_size` (default 10) when jobs are short-lived "
+        "(under a second), without giving a number; `max_concurrent_tasks` unset (no cap; "
+        "if set, at least twice the batch); the `durable` default; `pgq autovac` after "
+        "installing; a dedicated asyncpg connection for the worker. Its deployment guide: one "
+        "worker process per CPU core for CPU-bound work. Its benchmark tool runs 5 queue "
+        "managers of batch 10 in one process.",
+        (("performance tuning", "https://janbjorge.github.io/pgqueuer/guides/performance-tuning/"),
+         ("deployment", "https://janbjorge.github.io/pgqueuer/guides/deployment/"),
+         ("benchmarks", "https://janbjorge.github.io/pgqueuer/comparisons/benchmarks/"))))

@@ -1,31 +1,27 @@
 """Pressure: what a queue's latency does while vacuum cannot run.
 
-Every finished job leaves dead row versions behind, and vacuum may remove a
-version only once no transaction could still see it. One session that keeps
-a transaction open pins the database's xmin horizon: from then on nothing
-dead can go, and each claim steps over more and more of it.
+A finished job leaves dead row versions that vacuum may remove only once no
+transaction could still see them; one open transaction pins the xmin
+horizon, and every claim then steps over more and more of them.
 
-`run` takes one system (each in its own database, with one worker process
-configured as in the comparison: `peers.idle_worker`) through a list of
-phases (`PHASES`) while jobs arrive one by one at scheduled times, each in
-its own transaction (open loop, as `peers.open_loop`). A phase (`Phase`)
-says how long it lasts and what holds back vacuum meanwhile: `holder`, one
-session idle in a transaction with an xid (`pressure holder`); `readers`,
-that many sessions in one long REPEATABLE READ transaction each, scanning
-the system's tables again and again (`pressure reader`); `load`, arrivals at
-a multiple of what the worker sustains (a drain measured first), capped at
-what one producer can send. A phase that keeps the holder or readers keeps
-the very same sessions, so the horizon stays where it was first pinned.
-Meanwhile a sampler reads what the system's sessions wait on, its tables'
-dead tuples and sizes, the readers present and the horizon's holder; for
-jobqueue each phase ends with `EXPLAIN (ANALYZE, BUFFERS)` of its claim.
-Figures come from each system's own timestamps, per phase and per window.
+`run` takes one system (one idle worker, `peers.idle_worker`) through
+`PHASES` while jobs arrive one by one at scheduled times (as
+`peers.open_loop`). A phase holds back vacuum with a session idle in a
+transaction with an xid (`holder`), REPEATABLE READ sessions scanning the
+system's tables (`readers`), or arrivals at a multiple of what the worker
+sustains (`load`, capped at what one producer sends); phases that keep the
+holder or readers keep the same sessions, so the horizon stays where it was
+first pinned. A sampler reads the system's waits, its tables' dead tuples
+and sizes, the readers and the horizon's holder; for jobqueue each phase
+ends with `EXPLAIN (ANALYZE, BUFFERS)` of its claim. Latencies come from
+each system's own timestamps, per phase and per window.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -52,11 +48,9 @@ HOLDER = "pressure holder"
 READER = "pressure reader"
 SAMPLER = "pressure sampler"
 PROBE = "pressure probe"
-#: The systems measured, as the comparison's latency runs configure them
-#: (one worker process each): jobqueue as the README starts it, PgQueuer at
-#: jobqueue's batch ceiling, Procrastinate at its docs' example concurrency
-#: (its drain smaller: it sustains a few hundred jobs/s), oban-py by its CLI
-#: with its docs' queue limit.
+#: The systems measured, one worker process each, as the comparison's latency
+#: runs configure them (PgQueuer at jobqueue's batch ceiling; Procrastinate's
+#: drain smaller: it sustains a few hundred jobs/s).
 SETUPS: tuple[dict[str, Any], ...] = (
     {"system": "jobqueue", "flags": []},
     {"system": "pgqueuer", "batch_size": DEFAULT_BATCH_SIZE},
@@ -67,9 +61,8 @@ SETUPS: tuple[dict[str, Any], ...] = (
 
 @dataclass(frozen=True)
 class Phase:
-    """One stretch of a run: `seconds` long, with the holder held or not,
-    `readers` REPEATABLE READ readers, and arrivals at `load` × the
-    sustained rate (None: the base rate)."""
+    """`seconds` with the holder or not, `readers` readers, and arrivals at
+    `load` × the sustained rate (None: the base rate)."""
 
     name: str
     seconds: float
@@ -79,7 +72,6 @@ class Phase:
 
     @property
     def pinned(self) -> bool:
-        """Whether something holds back vacuum during this phase."""
         return self.holder or self.readers > 0
 
 
@@ -135,20 +127,13 @@ def with_seconds(spec: Sequence[Mapping[str, Any]], seconds: float) -> list[dict
 
 @dataclass(frozen=True)
 class Config:
-    """A pressure run's sizes (the notebook's parameters).
-
-    rate: jobs/s outside the load phases; base_share: a system that sustains
-    less than rate / base_share gets base_share × what it sustains instead,
-    so that its baseline is not a backlog; max_rate: the load phases' cap,
-    what one producer process can send; interval: seconds between samples;
-    window: the timeline's step; warmup: seconds of arrivals left out at the
-    start; reader_pause: seconds a reader waits between its scans; settle:
-    seconds the last jobs may take to complete after the last phase;
-    max_behind: how many seconds of arrivals may wait to be sent before the
-    producer drops the next ones (`_Sender`);
-    sustained: each system's sustained rate given instead of measured (the
-    smoke size, whose drains would measure process start-up); drain_n: the
-    drain that measures it otherwise (a setup's own `n` wins)."""
+    """A pressure run's sizes (the notebook's parameters). rate: jobs/s
+    outside the load phases, at most base_share × what the system sustains
+    (so its baseline is no backlog); max_rate: the load phases' cap, what one
+    producer sends; sustained: each system's rate given instead of measured
+    by a drain of drain_n jobs (the smoke size, whose drains would measure
+    start-up); window: the timeline's step; settle: seconds the last jobs may
+    take after the last phase; max_behind: `_Sender`."""
 
     phases: tuple[Phase, ...] = field(default_factory=lambda: phases(PHASES))
     rate: float = 500.0
@@ -165,26 +150,94 @@ class Config:
     connections: int = 8
     top_waits: int = 3
 
-    def base_rate(self, sustained: float) -> float:
-        return min(self.rate, self.base_share * sustained)
-
     def rate_of(self, phase: Phase, sustained: float) -> float:
         if phase.load is None:
-            return self.base_rate(sustained)
+            return min(self.rate, self.base_share * sustained)
         return min(phase.load * sustained, self.max_rate)
 
 
 # -- what holds back vacuum ------------------------------------------------------
 
+#: What a phase ends with besides the samples (`PROBES`).
+Probe = Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]]
+
 
 class _Pressure:
-    """The holder and the readers of one system's database, brought to what
-    each phase asks (`apply`); the same sessions stay while phases keep them."""
+    """One system's phases (`run`): the holder and the readers brought to
+    what each asks (`apply`), the producer running through them all, the
+    sampler (`ticks`) and the probe meanwhile. Per phase: its start on the
+    database's clock (`bounds`, and the end), the probe at its end, its
+    arrivals' lateness and drops."""
 
-    def __init__(self, url: str, tables: Sequence[str], pause: float) -> None:
-        self.url, self.tables, self.pause = url, tables, pause
+    def __init__(self, url: str, tables: Sequence[str], config: Config, probe: Probe | None
+                 ) -> None:
+        self.url, self.tables, self.config, self._probe = url, tables, config, probe
         self.holder: asyncpg.Connection | None = None
         self.readers: list[tuple[asyncio.Task[None], asyncio.Event]] = []
+        self.ticks: list[dict[str, Any]] = []
+        self.bounds: list[float] = []
+        self.probes: list[dict[str, Any]] = []
+        self.lateness: list[list[float]] = []
+        self.dropped: list[int] = []
+        #: When each change of phase began (`bounds`: when it was done);
+        #: samples that overlap a change count for no phase.
+        self.changes: list[float] = []
+
+    async def __aenter__(self) -> _Pressure:
+        self.sampler = asyncio.create_task(self._sample())
+        self.probe_conn = await db.connect(self.url, application_name=PROBE)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.apply(None)
+        finally:
+            self.sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.sampler
+            await self.probe_conn.close()
+
+    async def run(self, running: peers.IdleWorker, rates: Sequence[float], steps: Any) -> None:
+        """The phases on the loop's clock, the producer running through them all."""
+        loop, phase_list, clock = asyncio.get_running_loop(), self.config.phases, running.conn
+        offsets = [0.0, *itertools.accumulate(float(p.seconds) for p in phase_list)]
+        counts = [max(1, round(r * p.seconds)) for r, p in zip(rates, phase_list, strict=True)]
+        schedule = [offsets[i] + k / rates[i] for i, n in enumerate(counts) for k in range(n)]
+        sender = _Sender(running.enqueue_one, counts, rates, self.config.max_behind)
+        await self.apply(phase_list[0])
+        self.bounds.append(await _now(clock))
+        start = loop.time()
+        producer = asyncio.create_task(scenarios.arrivals_at(sender, schedule, start))
+        try:
+            for i in range(1, len(phase_list) + 1):
+                await asyncio.wait([producer], timeout=max(0.0, start + offsets[i] - loop.time()))
+                if producer.done() and producer.exception() is not None:
+                    await producer
+                running.alive()
+                self.probes.append(await self._probe(self.probe_conn) if self._probe else {})
+                if i < len(phase_list):
+                    self.changes.append(await _now(clock))
+                    await self.apply(phase_list[i])
+                self.bounds.append(await _now(clock))
+                if steps is not None:
+                    steps.update()
+            await self.apply(None)
+            lateness = await producer
+        finally:
+            if not producer.done():
+                producer.cancel()
+        cut = [sum(counts[:i]) for i in range(len(counts) + 1)]
+        self.lateness = [lateness[cut[i]:cut[i + 1]] for i in range(len(counts))]
+        self.dropped = sender.dropped
+
+    async def _sample(self) -> None:
+        conn = await db.connect(self.url, application_name=SAMPLER)
+        try:
+            while True:
+                self.ticks.append(await _sample(conn, self.tables))
+                await asyncio.sleep(self.config.interval)
+        finally:
+            await conn.close()
 
     async def apply(self, phase: Phase | None) -> None:
         want_holder = phase is not None and phase.holder
@@ -220,7 +273,7 @@ class _Pressure:
                     await conn.fetchval(f"SELECT count(*) FROM {table}")
                 began.set()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.pause)
+                    await asyncio.wait_for(stop.wait(), self.config.reader_pause)
             await conn.execute("COMMIT")
         finally:
             await conn.close()
@@ -247,9 +300,6 @@ _TABLES = """
            n_dead_tup AS dead, n_live_tup AS live,
            pg_total_relation_size(relid) AS total_bytes, pg_indexes_size(relid) AS index_bytes
     FROM pg_stat_user_tables WHERE relname = ANY($1::text[])"""
-#: A phase whose arrivals came at less than this share of its rate is flagged
-#: (`rate_met`): the producer could not send them on time.
-MET_SHARE = 0.95
 
 
 async def _sample(conn: asyncpg.Connection, tables: Sequence[str]) -> dict[str, Any]:
@@ -264,17 +314,6 @@ async def _sample(conn: asyncpg.Connection, tables: Sequence[str]) -> dict[str, 
                                    int(r["index_bytes"])) for r in rows},
             "horizon": holder, "waits": waits,
             "readers": int(await conn.fetchval(_READERS, READER))}
-
-
-async def _sampler(url: str, tables: Sequence[str], interval: float,
-                   into: list[dict[str, Any]]) -> None:
-    conn = await db.connect(url, application_name=SAMPLER)
-    try:
-        while True:
-            into.append(await _sample(conn, tables))
-            await asyncio.sleep(interval)
-    finally:
-        await conn.close()
 
 
 async def _now(conn: asyncpg.Connection) -> float:
@@ -337,8 +376,7 @@ async def explain_take(conn: asyncpg.Connection, limit: int = DEFAULT_BATCH_SIZE
 
 
 #: What each system's phases end with besides the samples.
-PROBES: dict[str, Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]]] = {
-    "jobqueue": explain_take}
+PROBES: dict[str, Probe] = {"jobqueue": explain_take}
 
 
 # -- one system through the phases ------------------------------------------------
@@ -346,10 +384,8 @@ PROBES: dict[str, Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]]] = {
 
 async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
               steps: Any = None) -> dict[str, Any]:
-    """One system through `config.phases` (see the module's docstring):
-    the per-phase rows, the timeline and the wait events counted per phase
-    (`rows`, `timeline`, `waits`), all tagged with `system`, `argv` and the
-    `settings` label read back from it."""
+    """One system through `config.phases`: `rows` (per phase), `timeline`
+    and `waits` (per phase), tagged with `TAG_COLUMNS`."""
     setup = {"system": system, **setup}
     rate = (config.sustained or {}).get(system)
     if rate is None:  # what the worker sustains: a drain of no-op jobs already queued
@@ -359,23 +395,11 @@ async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
         steps.update()
     rates = [config.rate_of(phase, rate) for phase in config.phases]
     log_dir = Path(tempfile.mkdtemp(prefix=f"{system}-pressure-"))
-    probe = PROBES.get(system)
-    ticks: list[dict[str, Any]] = []
     async with peers.idle_worker(system, url, setup, connections=config.connections,
                                  log_dir=log_dir) as running:
-        tables = running.peer.tables
-        pressure = _Pressure(url, tables, config.reader_pause)
-        sampler = asyncio.create_task(_sampler(url, tables, config.interval, ticks))
-        probe_conn = await db.connect(url, application_name=PROBE)
-        try:
-            sent = await _phases(running, pressure, config, rates,
-                                 probe_conn if probe else None, probe, steps)
-        finally:
-            await pressure.apply(None)
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
-            await probe_conn.close()
+        async with _Pressure(url, running.peer.tables, config, PROBES.get(system)) as sent:
+            await sent.run(running, rates, steps)
+        ticks = sent.ticks
         total = sum(len(x) for x in sent.lateness) - sum(sent.dropped)
         try:
             await running.wait_completed(total, timeout=config.settle)
@@ -394,12 +418,9 @@ async def run(system: str, url: str, setup: Mapping[str, Any], config: Config,
 
 
 class _Sender:
-    """The producer's `enqueue_one` for a schedule of phases, which drops an
-    arrival instead of sending it while more than `max_behind` seconds of the
-    phase's arrivals are still waiting to be sent: a producer that cannot keep
-    up would otherwise send them late, into the phases after, and the run
-    would outlast its phases. Arrivals come in schedule order, so the n-th
-    call is the n-th arrival."""
+    """The producer's `enqueue_one`, which drops an arrival while more than
+    `max_behind` seconds of its phase's arrivals wait to be sent: sent late,
+    they would fall into the phases after. The n-th call is the n-th arrival."""
 
     def __init__(self, enqueue_one: Callable[[], Awaitable[Any]], counts: Sequence[int],
                  rates: Sequence[float], max_behind: float) -> None:
@@ -422,66 +443,6 @@ class _Sender:
             self.pending -= 1
 
 
-@dataclass
-class _Sent:
-    """What `_phases` did: each phase's start on the database's clock (and
-    the end), what the probe read at each phase's end, how late each phase's
-    arrivals were sent and how many were dropped."""
-
-    bounds: list[float]
-    probes: list[dict[str, Any]]
-    lateness: list[list[float]]
-    dropped: list[int]
-    #: When the change to each phase after the first began (its start, in
-    #: `bounds`, is when the change was done): samples that overlap a change
-    #: count for no phase.
-    changes: list[float] = field(default_factory=list)
-
-
-async def _phases(running: peers.IdleWorker, pressure: _Pressure, config: Config,
-                  rates: Sequence[float], probe_conn: asyncpg.Connection | None,
-                  probe: Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]] | None,
-                  steps: Any) -> _Sent:
-    """The phases on the loop's clock, the producer running through all of
-    them without a pause (`_Sender`)."""
-    loop = asyncio.get_running_loop()
-    offsets = [0.0]
-    for phase in config.phases:
-        offsets.append(offsets[-1] + phase.seconds)
-    counts = [max(1, round(r * p.seconds)) for r, p in zip(rates, config.phases, strict=True)]
-    schedule = [offsets[i] + k / rates[i] for i, n in enumerate(counts) for k in range(n)]
-    sender = _Sender(running.enqueue_one, counts, rates, config.max_behind)
-    clock = running.conn
-    bounds: list[float] = []
-    probes: list[dict[str, Any]] = []
-    changes: list[float] = []
-    await pressure.apply(config.phases[0])
-    bounds.append(await _now(clock))
-    start = loop.time()
-    producer = asyncio.create_task(scenarios.arrivals_at(sender, schedule, start))
-    try:
-        for i in range(1, len(config.phases) + 1):
-            await asyncio.wait([producer], timeout=max(0.0, start + offsets[i] - loop.time()))
-            if producer.done() and producer.exception() is not None:
-                await producer
-            running.alive()
-            probes.append(await probe(probe_conn) if probe and probe_conn else {})
-            if i < len(config.phases):
-                changes.append(await _now(clock))
-                await pressure.apply(config.phases[i])
-            bounds.append(await _now(clock))
-            if steps is not None:
-                steps.update()
-        await pressure.apply(None)
-        lateness = await producer
-    finally:
-        if not producer.done():
-            producer.cancel()
-    cut = [sum(counts[:i]) for i in range(len(counts) + 1)]
-    return _Sent(bounds, probes, [lateness[cut[i]:cut[i + 1]] for i in range(len(counts))],
-                 sender.dropped, changes)
-
-
 # -- figures ------------------------------------------------------------------------
 
 
@@ -493,46 +454,43 @@ def _phase_of(at: float, bounds: Sequence[float]) -> int:
     return 0
 
 
-def _latencies(jobs: Sequence[tuple[float, float, float]]) -> dict[str, float]:
-    return {**peers.latencies(jobs, (0.5, 0.99)),
-            "complete_max_ms": max((t[2] - t[0] for t in jobs), default=math.nan) * 1000}
-
-
-def _tables(tick: dict[str, Any] | None) -> dict[str, Any]:
-    if tick is None:
-        return {"dead_tuples": math.nan, "live_tuples": math.nan, "total_mib": math.nan,
-                "index_mib": math.nan, "dead_by_table": ""}
-    tables = tick["tables"]
-    return {"dead_tuples": sum(t[0] for t in tables.values()),
-            "live_tuples": sum(t[1] for t in tables.values()),
-            "total_mib": sum(t[2] for t in tables.values()) / rss.MIB,
-            "index_mib": sum(t[3] for t in tables.values()) / rss.MIB,
-            "dead_by_table": ", ".join(f"{name} {t[0]:,}" for name, t in sorted(tables.items()))}
-
-
-def _holder(tick: dict[str, Any] | None) -> dict[str, Any]:
+def _stretch(jobs: Sequence[tuple[float, float, float]], done: int, seconds: float,
+             ticks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A phase's or window's figures: the latencies of the jobs enqueued in
+    it, its completions per second, its last sample's tables and horizon,
+    the readers seen."""
+    tick = ticks[-1] if ticks else None
+    tables = {} if tick is None else tick["tables"]
     h = None if tick is None else tick["horizon"]
-    return {"horizon": "" if h is None else h.name or h.kind,
+
+    def total(i: int, scale: float = 1) -> float:
+        return sum(t[i] for t in tables.values()) / scale if tick else math.nan
+
+    return {"jobs": len(jobs), "completed_per_s": done / seconds if seconds > 0 else math.nan,
+            **peers.latencies(jobs, (0.5, 0.99)),
+            "complete_max_ms": max((t[2] - t[0] for t in jobs), default=math.nan) * 1000,
+            "dead_tuples": total(0), "live_tuples": total(1), "total_mib": total(2, rss.MIB),
+            "index_mib": total(3, rss.MIB),
+            "dead_by_table": ", ".join(f"{name} {t[0]:,}" for name, t in sorted(tables.items())),
+            "horizon": "" if h is None else h.name or h.kind,
             "horizon_age_s": math.nan if h is None or h.age_seconds is None else h.age_seconds,
-            "horizon_xid_age": math.nan if h is None else h.xid_age}
+            "horizon_xid_age": math.nan if h is None else h.xid_age,
+            "readers_seen": max((k["readers"] for k in ticks), default=0)}
 
 
-def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float, sent: _Sent,
+def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float, sent: _Pressure,
                times: Sequence[tuple[float, float, float]],
                ticks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per phase: its arrivals and the rate they came at (and the
-    arrivals the producer dropped), the completions recorded in it per
-    second, the latencies of the jobs enqueued in it (warm-up left out), the
-    tables at its last sample, the horizon's holder then, the readers seen,
-    the top wait events, what the probe read at its end."""
+    """One row per phase: its arrivals, the rate they came at, those the
+    producer dropped, `_stretch` (warm-up left out; the samples that
+    overlap no phase change), the horizon's holder share, the top wait
+    events, what the probe read at its end."""
     bounds, lateness = sent.bounds, sent.lateness
     first = bounds[0]
     rows = []
     for i, phase in enumerate(config.phases):
         lo, hi = bounds[i], bounds[i + 1]
         arrived = [t for t in times if _phase_of(t[0], bounds) == i]
-        counted = [t for t in arrived if t[0] >= first + config.warmup]
-        done = sum(lo <= t[2] < hi for t in times)
         end = sent.changes[i] if i < len(sent.changes) else math.inf
         mine = [k for k in ticks if lo <= k["at"] and k.get("until", k["at"]) < end]
         waits: Counter[str] = Counter()
@@ -540,24 +498,19 @@ def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float, se
             waits.update(k["waits"])
         span = max((t[0] for t in arrived), default=lo) - min((t[0] for t in arrived), default=lo)
         achieved = (len(arrived) - 1) / span if span > 0 else math.nan
-        holders = Counter(_holder(k)["horizon"] for k in mine)
+        held = sum(k["horizon"] is not None and k["horizon"].name == HOLDER for k in mine)
         rows.append({
             "phase": phase.name, "order": i + 1, "seconds": phase.seconds,
             "start_s": lo - first, "end_s": hi - first, "holder": phase.holder,
             "readers": phase.readers, "load": phase.load, "pinned": phase.pinned,
             "sustained": sustained_rate, "rate": rates[i],
             "capped": phase.load is not None and rates[i] < phase.load * sustained_rate,
-            "arrivals": len(arrived), "dropped": sent.dropped[i], "jobs": len(counted),
-            "achieved_rate": achieved,
-            "rate_met": bool(achieved >= MET_SHARE * rates[i]),
-            "completed_per_s": done / (hi - lo) if hi > lo else math.nan,
+            "arrivals": len(arrived), "dropped": sent.dropped[i], "achieved_rate": achieved,
+            "rate_met": bool(achieved >= peers.MET_SHARE * rates[i]),
             "producer_late_p99_ms": quantile(lateness[i], 0.99) * 1000 if lateness[i] else 0.0,
-            **_latencies(counted),
-            **_tables(mine[-1] if mine else None),
-            **_holder(mine[-1] if mine else None),
-            "holder_share": (holders[HOLDER] / len(mine)) if mine else math.nan,
-            "readers_seen": max((k["readers"] for k in mine), default=0),
-            "samples": len(mine),
+            **_stretch([t for t in arrived if t[0] >= first + config.warmup],
+                       sum(lo <= t[2] < hi for t in times), hi - lo, mine),
+            "holder_share": held / len(mine) if mine else math.nan, "samples": len(mine),
             "top_waits": ", ".join(f"{w} {n}" for w, n in waits.most_common(config.top_waits)),
             **sent.probes[i],
         })
@@ -568,38 +521,28 @@ def timeline_rows(config: Config, bounds: Sequence[float],
                   times: Sequence[tuple[float, float, float]],
                   ticks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per `config.window` seconds from the first phase's start: the
-    phase it began in, the latencies of the jobs enqueued in it, the
-    completions per second, and the last sample's tables and horizon."""
+    phase it began in and its `_stretch`."""
     first, end, step = bounds[0], bounds[-1], config.window
     count = max(1, round((end - first) / step))  # no sliver of a window at the end
 
     def bucket(at: float) -> int:
-        return math.floor((at - first) / step)
+        w = math.floor((at - first) / step)
+        return w if 0 <= w < count else count
 
-    enqueued: list[list[tuple[float, float, float]]] = [[] for _ in range(count)]
-    done = [0] * count
+    enqueued: list[list[tuple[float, float, float]]] = [[] for _ in range(count + 1)]
+    done = [0] * (count + 1)
+    sampled: list[list[dict[str, Any]]] = [[] for _ in range(count + 1)]
     for t in times:
-        w = bucket(t[0])
-        if 0 <= w < count and t[0] >= first + config.warmup:
-            enqueued[w].append(t)
-        w = bucket(t[2])
-        if 0 <= w < count:
-            done[w] += 1
-    last: list[dict[str, Any] | None] = [None] * count
-    readers = [0] * count
+        if t[0] >= first + config.warmup:
+            enqueued[bucket(t[0])].append(t)
+        done[bucket(t[2])] += 1
     for k in ticks:
-        w = bucket(k["at"])
-        if 0 <= w < count:
-            last[w] = k
-            readers[w] = max(readers[w], k["readers"])
+        sampled[bucket(k["at"])].append(k)
     return [{"t": w * step, "phase": config.phases[_phase_of(first + w * step, bounds)].name,
-             "jobs": len(enqueued[w]), "completed_per_s": done[w] / step,
-             **_latencies(enqueued[w]), **_tables(last[w]), **_holder(last[w]),
-             "readers_seen": readers[w]} for w in range(count)]
+             **_stretch(enqueued[w], done[w], step, sampled[w])} for w in range(count)]
 
 
-#: What tags every row of a run (`run`), and the columns of its `waits`:
-#: the waits file is written with them even when a run saw no wait event.
+#: What tags every row of a run; the waits file has its columns even empty.
 TAG_COLUMNS = ("system", "argv", "settings", "unfinished")
 WAIT_COLUMNS = (*TAG_COLUMNS, "phase", "wait", "count")
 
@@ -640,11 +583,9 @@ Rows = list[dict[str, Any]]
 async def comparison(urls: Mapping[str, str], setups: Sequence[Mapping[str, Any]],
                      config: Config, keep: Callable[[Rows, Rows, Rows], None] | None = None
                      ) -> tuple[Rows, Rows, Rows]:
-    """`run` for every setup whose system is installed, one after another:
-    (rows, timeline, waits) of all of them. `keep(rows, timeline, waits)` is
-    called with what is done so far after each system: a full run takes the
-    better part of an hour a system, and a peer that fails late must not
-    take the systems before it down with it."""
+    """`run` for every setup that can run here, one after another. `keep` gets
+    what is done so far after each system: a full run takes most of an hour
+    a system, and a peer that fails late must not take those before it down."""
     setups = peers.runnable(setups)
     rows: Rows = []
     timeline: Rows = []

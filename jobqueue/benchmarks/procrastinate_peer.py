@@ -8,13 +8,11 @@ transition from triggers (`procrastinate_events`: `deferred`, `started`,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
-
 from jobqueue.benchmarks import adapter
-from jobqueue.benchmarks.peer_worker import build_parser, procrastinate_app
+from jobqueue.benchmarks.peer_worker import procrastinate_app
 
 SYSTEM = "procrastinate"
 DRAIN_SQL = """
@@ -55,24 +53,21 @@ async def fill(url: str, n: int, handler: str) -> None:
             await app.tasks[handler].batch_defer_async(*chunk)
 
 
-def enqueue_one(pool: asyncpg.Pool) -> Callable[[], Awaitable[Any]]:
-    return lambda: pool.fetchval(DEFER_SQL)
-
-
-def concurrency(args: list[str]) -> int:
-    return int(build_parser().parse_args([SYSTEM, *args]).concurrency)
-
-
 PEER = adapter.python_peer(
-    SYSTEM,
-    label=lambda args, workers: f"concurrency {concurrency(args)}, {adapter.processes(workers)}",
-    argv=lambda setup, handler: ["--concurrency", str(setup.get("concurrency", 1))],
-    install=install,
+    SYSTEM, "concurrency", "concurrency", install=install,
     truncate=("TRUNCATE procrastinate_jobs, procrastinate_events, "
               "procrastinate_periodic_defers, procrastinate_workers"),
     tables=("procrastinate_jobs", "procrastinate_events"), fill=fill,
     drained=adapter.logged(DRAIN_SQL),
-    columns=lambda args: {"batch_size": None, "concurrency": concurrency(args)},
-    enqueue_one=enqueue_one,
+    enqueue_one=lambda pool: lambda: pool.fetchval(DEFER_SQL),
     jobs_sql=adapter.events_sql("procrastinate_events", "at", "type",
-                                ("deferred", "started", "succeeded")))
+                                ("deferred", "started", "succeeded")),
+    recommended=(
+        "Its docs: a worker runs one job at a time by default; for throughput, launch several "
+        "workers, each in its own process, and give async tasks `concurrency` (their example: "
+        "30); with short jobs the pool should hold as many connections as the concurrency, "
+        "plus one.",
+        (("concurrency",
+          "https://procrastinate.readthedocs.io/en/stable/howto/production/concurrency.html"),
+         ("pool size", "https://procrastinate.readthedocs.io/en/stable/discussions.html"
+                       "#mind-the-size-of-your-postgresql-pool"))))

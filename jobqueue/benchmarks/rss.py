@@ -1,9 +1,8 @@
 """Resident memory of worker processes (VmRSS in `/proc/<pid>/status`,
-Linux only), sampled from outside while they work: a worker that leaks a few
-bytes per job is fine in a test and dead after a week. Sampling from outside
-costs the worker nothing and reads every system's workers alike. Samples
-carry the wall clock, to be placed against the drain window the database
-recorded (the embedded server runs on the same machine's clock).
+Linux only): a worker that leaks a few bytes per job is fine in a test and
+dead after a week. Sampled from outside, it costs the worker nothing and
+reads every system alike; samples carry the wall clock, placed against the
+drain window the database recorded (the embedded server shares the clock).
 """
 
 from __future__ import annotations
