@@ -293,12 +293,8 @@ async def drain(system: str, url: str, *, n: int, workers: int = 1, batch_size: 
 
 # -- latency -----------------------------------------------------------------------
 
-#: Seconds of arrivals at the start of each open-loop run left out of its
-#: figures (the worker's first batches, caches and plans still warming up).
-WARMUP = 1.0
-#: Arrivals at less than this share of the rate asked are flagged (`rate_met`),
-#: completions at less than it of the arrivals' rate too (`kept_up`).
-MET_SHARE = 0.95
+#: Seconds of arrivals at the start of each open-loop run left out of its figures.
+WARMUP = scenarios.WARMUP_SECONDS
 
 
 def carried(q: float, samples: int) -> bool:
@@ -315,8 +311,7 @@ def latencies(jobs: Sequence[tuple[float, float, float]], quantiles: Sequence[fl
     for name, i in (("start", 1), ("complete", 2)):
         values = [t[i] - t[0] for t in jobs]
         for q in quantiles:
-            qname = f"{q * 100:g}".replace(".", "_")
-            out[f"{name}_p{qname}_ms"] = (quantile(values, q) * 1000
+            out[f"{name}_{scenarios.quantile_name(q)}_ms"] = (quantile(values, q) * 1000
                                           if carried(q, len(values)) else float("nan"))
     return out
 
@@ -337,12 +332,12 @@ def latency_summary(rate: float, seconds: float, lateness: Sequence[float],
     summary: dict[str, Any] = {
         "rate": rate, "seconds": seconds, "warmup_s": warmup, "arrivals": len(times),
         "jobs": len(counted), "achieved_rate": achieved,
-        "rate_met": achieved >= MET_SHARE * rate,
+        "rate_met": achieved >= scenarios.MET_SHARE * rate,
         "producer_late_p99_ms": quantile(lateness, 0.99) * 1000}
     done = sorted(t[2] for t in counted)
     busy = done[-1] - done[0] if len(done) > 1 else 0.0
     summary["completed_rate"] = (len(done) - 1) / busy if busy > 0 else float("nan")
-    summary["kept_up"] = not summary["completed_rate"] < MET_SHARE * achieved
+    summary["kept_up"] = not summary["completed_rate"] < scenarios.MET_SHARE * achieved
     return {**summary, **latencies(counted, scenarios.QUANTILES)}
 
 

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import ScalarFormatter
 
-from jobqueue.benchmarks.scenarios import MIN_DRAIN_SECONDS
+from jobqueue.benchmarks.scenarios import MET_SHARE, MIN_DRAIN_SECONDS, QUANTILES, quantile_name
 
 RATE = "jobs/s"
 
@@ -333,9 +333,7 @@ def routing_plot(df: pd.DataFrame, spans: pd.DataFrame) -> plt.Figure:
 
 # -- latency ------------------------------------------------------------------------
 
-#: An arrival rate counts as met when the producer reached this share of it.
-MET_SHARE = 0.95
-QUANTILE_NAMES = {"p50": 0.5, "p95": 0.95, "p99": 0.99, "p99_9": 0.999}
+QUANTILE_NAMES = {quantile_name(q): q for q in QUANTILES}
 
 
 def min_samples(q: float) -> int:

@@ -506,7 +506,7 @@ def phase_rows(config: Config, rates: Sequence[float], sustained_rate: float, se
             "sustained": sustained_rate, "rate": rates[i],
             "capped": phase.load is not None and rates[i] < phase.load * sustained_rate,
             "arrivals": len(arrived), "dropped": sent.dropped[i], "achieved_rate": achieved,
-            "rate_met": bool(achieved >= peers.MET_SHARE * rates[i]),
+            "rate_met": bool(achieved >= scenarios.MET_SHARE * rates[i]),
             "producer_late_p99_ms": quantile(lateness[i], 0.99) * 1000 if lateness[i] else 0.0,
             **_stretch([t for t in arrived if t[0] >= first + config.warmup],
                        sum(lo <= t[2] < hi for t in times), hi - lo, mine),

@@ -1,7 +1,7 @@
 """The recovery benchmark's handler (`--import jobqueue.benchmarks.recovery_runs`).
 
-A module of its own, so that a worker imports only this (not the benchmark's
-machinery) and `python -m jobqueue.benchmarks.recovery` registers it once.
+A module of its own, so that a worker imports only this, not the benchmark's
+machinery.
 """
 
 from __future__ import annotations

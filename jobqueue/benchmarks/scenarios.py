@@ -49,6 +49,9 @@ HANDLERS: dict[str, tuple[str, dict[str, Any]]] = {
 #: The handlers that write one row each (`bench_rows`).
 ROW_WRITERS = ("write_row", "write_row_sync")
 QUANTILES = (0.5, 0.95, 0.99, 0.999)
+#: Arrivals at less than this share of the rate asked are flagged (`rate_met`),
+#: completions at less than it of the arrivals' rate too (`kept_up`).
+MET_SHARE = 0.95
 #: The start of every open-loop run left out of its percentiles: the worker's
 #: first jobs pay for cold connections and caches (the first job of a run at
 #: 10 jobs/s took 15.5 ms where the others took 2), which is start-up, not
@@ -133,6 +136,11 @@ async def environment(url: str) -> dict[str, str]:
             " current_setting('synchronous_commit') AS synchronous_commit,"
             " current_setting('shared_buffers') AS shared_buffers")
     return {**info, **dict(row)}
+
+
+def quantile_name(q: float) -> str:
+    """The name a quantile has in results columns: 0.5 is `p50`, 0.999 `p99_9`."""
+    return "p" + f"{q * 100:g}".replace(".", "_")
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -475,7 +483,7 @@ async def open_loop(url: str, *, rate: float, seconds: float,
     for to, values in latencies.items():
         kept = [v for v, keep in zip(values, counted, strict=True) if keep] or values
         for q in QUANTILES:
-            summary[f"{to}_p{f'{q * 100:g}'.replace('.', '_')}_ms"] = quantile(kept, q) * 1000
+            summary[f"{to}_{quantile_name(q)}_ms"] = quantile(kept, q) * 1000
     summary["argv"] = shlex.join(argv)
     return {"summary": summary, "to_start": latencies["start"],
             "to_complete": latencies["complete"], "warmup": [not keep for keep in counted]}
