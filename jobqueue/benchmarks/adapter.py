@@ -10,7 +10,7 @@ import importlib.util
 import logging
 import os
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,15 +93,6 @@ class Peer:
 
 
 # -- what the adapters share ----------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def connect(url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await db.connect(url, application_name="jobqueue bench")
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 def libpq_env(url: str) -> dict[str, str]:

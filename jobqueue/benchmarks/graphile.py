@@ -49,7 +49,7 @@ from urllib.parse import quote
 import asyncpg
 
 from jobqueue import db
-from jobqueue.benchmarks import adapter, rss
+from jobqueue.benchmarks import adapter, rss, scenarios
 from jobqueue.benchmarks.adapter import Drain, Peer
 from jobqueue.benchmarks.peer_worker import WRITE_ROW
 from jobqueue.testing import WorkerProcess
@@ -170,7 +170,7 @@ async def fill(url: str, n: int, handler: str) -> Filled:
     if n < 1:
         raise ValueError("a drain needs at least one job")
     queued = []
-    async with adapter.connect(url) as conn:
+    async with scenarios.connected(url) as conn:
         for chunk in adapter.chunks([p if p is None else json.dumps(p)
                                      for p in adapter.arguments(n, handler)]):
             row = await conn.fetchrow(_ADD_JOBS, handler, chunk)

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from jobqueue.benchmarks import adapter, rss
+from jobqueue.benchmarks import adapter, rss, scenarios
 from jobqueue.benchmarks.adapter import Peer
 from jobqueue.benchmarks.peer_worker import NOOP, PROCESS_PAYMENT, WRITE_ROW
 from jobqueue.testing import WorkerProcess
@@ -136,7 +136,7 @@ async def install_schema(url: str) -> None:
 async def fill(url: str, n: int, handler: str) -> None:
     """The rows `Oban.enqueue_many` writes, one statement per chunk (it
     sends its insert once per job); no NOTIFY, as nothing listens yet."""
-    async with adapter.connect(url) as conn:
+    async with scenarios.connected(url) as conn:
         for chunk in adapter.chunks([json.dumps(a) for a in adapter.arguments(n, handler, {})]):
             await conn.execute(
                 "INSERT INTO oban_jobs (args, worker, queue, state)"

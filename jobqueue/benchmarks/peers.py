@@ -46,9 +46,9 @@ from jobqueue.benchmarks import (
     rss,
     scenarios,
 )
-from jobqueue.benchmarks.adapter import Drain, Peer, connect
+from jobqueue.benchmarks.adapter import Drain, Peer
 from jobqueue.benchmarks.peer_worker import HANDLERS, NOOP, PEER_BENCH_TABLE
-from jobqueue.benchmarks.quick import check_bench_name, quantile
+from jobqueue.benchmarks.scenarios import check_bench_name, quantile
 from jobqueue.testing import WorkerProcess, wait_for
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ async def open_peer(system: str, name: str) -> str:
     database = check_bench_name(f"{scenarios.LAB_DATABASE_PREFIX}{name}")
     url = await db.create_database(embedded.database_url(), database, replace=True)
     await peer.install(url)
-    async with connect(url) as conn:
+    async with scenarios.connected(url) as conn:
         await conn.execute(PEER_BENCH_TABLE)
         await scenarios.create_demo_tables(conn)
     logger.info("%s installed in %s", system, database)
@@ -236,11 +236,11 @@ async def _prepare(peer: Peer, url: str, handler: str, n: int = 0) -> Any:
     VACUUM ANALYZE."""
     if handler not in HANDLERS:
         raise ValueError(f"unknown handler {handler!r}; one of {HANDLERS}")
-    async with connect(url) as conn:
+    async with scenarios.connected(url) as conn:
         await conn.execute(peer.truncate)
         await scenarios.reset_writes(conn, handler)
     filled = await peer.fill(url, n, handler) if n else None
-    async with connect(url) as conn:
+    async with scenarios.connected(url) as conn:
         for table in peer.tables:
             await conn.execute(f"VACUUM ANALYZE {table}")
     return filled
@@ -260,7 +260,7 @@ async def _drain(system: str, url: str, setup: Mapping[str, Any], *, n: int,
     args = peer.argv(setup, handler)
     procs: list[WorkerProcess] = []
     try:
-        async with connect(url) as conn:
+        async with scenarios.connected(url) as conn:
             procs = [peer.worker(url, log_dir / f"drain-{i}.log", args, True)
                      for i in range(workers)]
             async with rss.RssSampler(p.pid for p in procs) as sampler:

@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from jobqueue.benchmarks import adapter
+from jobqueue.benchmarks import adapter, scenarios
 from jobqueue.benchmarks.peer_worker import NOOP
 
 SYSTEM = "pgqueuer"
@@ -30,7 +30,7 @@ DRAIN_SQL = """
 async def install(url: str) -> None:
     from pgqueuer import Queries
 
-    async with adapter.connect(url) as conn:
+    async with scenarios.connected(url) as conn:
         queries = Queries.from_asyncpg_connection(conn)
         await queries.install()
         await queries.optimize_autovacuum()
@@ -42,7 +42,7 @@ async def fill(url: str, n: int, handler: str) -> None:
     from pgqueuer import Queries
 
     payloads = [p if p is None else json.dumps(p).encode() for p in adapter.arguments(n, handler)]
-    async with adapter.connect(url) as conn:
+    async with scenarios.connected(url) as conn:
         queries = Queries.from_asyncpg_connection(conn)
         for chunk in adapter.chunks(payloads):
             await queries.enqueue([handler] * len(chunk), list(chunk), [0] * len(chunk))

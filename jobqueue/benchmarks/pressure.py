@@ -37,7 +37,7 @@ import asyncpg
 
 from jobqueue import db
 from jobqueue.benchmarks import obanpy, peers, rss, scenarios
-from jobqueue.benchmarks.quick import quantile
+from jobqueue.benchmarks.scenarios import quantile
 from jobqueue.ops import horizon
 from jobqueue.schema.queries import queries
 from jobqueue.worker import DEFAULT_BATCH_SIZE
