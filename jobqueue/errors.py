@@ -62,6 +62,14 @@ def is_missing_schema(exc: BaseException) -> bool:
                for e in _causes(exc))
 
 
+def is_lock_contention(exc: BaseException) -> bool:
+    """True when a statement gave up on a lock (lock_timeout, SQLSTATE
+    55P03) or was chosen to end a deadlock (40P01): nothing is wrong with
+    it, and it may be tried again once the other holder is done."""
+    return any({getattr(e, "sqlstate", None), getattr(e, "pgcode", None)} & {"55P03", "40P01"}
+               for e in _causes(exc))
+
+
 def is_statement_timeout(exc: BaseException) -> bool:
     """True when the server ended a statement that ran past its
     statement_timeout (SQLSTATE 57014): the read was too heavy, the

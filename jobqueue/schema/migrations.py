@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,12 +12,24 @@ from alembic.config import Config
 
 from jobqueue import db
 from jobqueue.db import database_url
+from jobqueue.errors import Backoff, is_lock_contention, one_line
+
+logger = logging.getLogger("jobqueue.migrations")
 
 #: The migration scripts: inside the package, so a checkout and an installed
 #: wheel find them in the same place.
 SCRIPTS = Path(__file__).resolve().parent / "alembic"
 #: Alembic's bookkeeping table, named so it never meets an application's own.
 VERSION_TABLE = "jobqueue_alembic_version"
+#: How long one statement of a revision waits for a lock on a table before
+#: the revision gives up and rolls back: every writer that comes later
+#: queues behind a waiting lock, so this is how long a migration may stall
+#: enqueues and claims at most, each time it tries.
+LOCK_TIMEOUT = "1s"
+#: Tries of a revision that keeps meeting a lock (each after a backoff of
+#: up to 5 s): a minute or two behind a long transaction, then it fails
+#: and says which lock it waited for.
+TRIES = 30
 
 
 def alembic_config(url: str | None = None) -> Config:
@@ -25,6 +39,7 @@ def alembic_config(url: str | None = None) -> Config:
     cfg.set_main_option("script_location", str(SCRIPTS))
     cfg.set_main_option("path_separator", "os")
     cfg.set_main_option("version_table", VERSION_TABLE)
+    cfg.set_main_option("lock_timeout", LOCK_TIMEOUT)
     cfg.attributes["configure_logging"] = False
     if url:
         cfg.attributes["database_url"] = url
@@ -32,8 +47,23 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 async def upgrade(url: str | None = None, revision: str = "head") -> None:
-    """Bring the database's schema to `revision` (the newest by default)."""
-    await _run(command.upgrade, url, revision)
+    """Bring the database's schema to `revision` (the newest by default),
+    one revision per transaction, while workers and enqueues go on: a
+    revision that meets a lock it cannot have within LOCK_TIMEOUT rolls
+    back and is tried again (the ones before it stay committed)."""
+    backoff = Backoff(first=0.2)
+    for attempt in range(1, TRIES + 1):
+        try:
+            await _run(command.upgrade, url, revision)
+            return
+        except Exception as exc:
+            if not is_lock_contention(exc) or attempt == TRIES:
+                raise
+            delay = backoff.next()
+            logger.warning("migration waited too long for a lock (%s); trying again in "
+                           "%.1fs (%d of %d)", one_line(exc), delay, attempt, TRIES,
+                           extra={"event": "migration_retry", "attempt": attempt})
+            await asyncio.sleep(delay)
 
 
 async def current(url: str | None = None) -> str | None:
@@ -57,7 +87,7 @@ async def downgrade(url: str | None, revision: str) -> None:
 async def _run(step: Callable[[Config, str], None], url: str | None, revision: str) -> None:
     engine = db.create_engine(url)
     try:
-        async with engine.begin() as conn:
+        async with engine.connect() as conn:  # env.py begins one transaction per revision
 
             def run(sync_conn: object) -> None:
                 cfg = alembic_config()

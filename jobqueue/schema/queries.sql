@@ -781,6 +781,10 @@ WHERE status IN ('pending', 'retrying') AND job_type = ANY(CAST(:job_types AS te
   AND (CAST(:queues AS text[]) IS NULL OR queue = ANY(CAST(:queues AS text[])))
   AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q WHERE q.name = jobs.queue AND q.paused);
 
+-- schema_revision --
+-- The revision `jobqueue migrate` brought the schema to (alembic's table).
+SELECT version_num FROM jobqueue_alembic_version;
+
 -- lock_worker --
 -- Announce this worker as alive: a session lock on its dedicated connection.
 SELECT pg_try_advisory_lock(:lock_class, :worker_id) AS locked;

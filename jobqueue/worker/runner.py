@@ -54,6 +54,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobqueue import db
 from jobqueue.errors import Backoff, is_connection_error, is_timeout, one_line
 from jobqueue.registry import HandlerRegistry, handlers
+from jobqueue.schema import REVISION
 from jobqueue.schema.locks import (
     ACTIVE_KEY,
     CANCEL_PREFIX,
@@ -236,6 +237,8 @@ class JobRunner:
                 control, url = await self._announce(url)
                 self._connections = [control]
                 stack.push_async_callback(self._close_control, control)
+                if not await self._await_schema(control):
+                    return
                 guards = await self._start_upkeep(stack, control, url)
                 if not await self._contest(control, guards):
                     return
@@ -338,6 +341,29 @@ class JobRunner:
                 return conn, server
             await conn.close()
         raise RuntimeError("could not find a free worker id")  # 2**31 ids: never in practice
+
+    async def _await_schema(self, control: asyncpg.Connection) -> bool:
+        """Wait until the schema is at least the one this code runs on (a
+        rolling deploy whose new workers start before `jobqueue migrate` has
+        finished), saying so once. False if stopped first. A newer schema is
+        fine: revisions only add, so the previous release's workers keep
+        running beside the new one's during a deploy."""
+        said = False
+        while not self.stopping:
+            found = await queries["schema_revision"].fetchval(control)
+            if found is not None and found >= REVISION:
+                if said:
+                    logger.info("schema at %s: worker %d starting", found, self.worker_id,
+                                extra={"event": "schema_ready", "revision": found})
+                return True
+            if not said:
+                logger.warning(
+                    "the database's schema is at revision %s and this jobqueue needs %s: "
+                    "waiting for `jobqueue migrate`", found, REVISION,
+                    extra={"event": "schema_behind", "revision": found, "needed": REVISION})
+                said = True
+            await self.sleep_unless_stopping(SCHEMA_POLL)
+        return False
 
     async def _contest(self, control: asyncpg.Connection, guards: Sequence[asyncio.Future[Any]]
                        ) -> bool:
@@ -630,6 +656,9 @@ def _raise_from(guards: Sequence[asyncio.Future[Any]]) -> None:
 
 #: Job types named in the line that says a worker's role (the rest are counted).
 _TYPES_SHOWN = 10
+
+#: Seconds between two looks at the schema's revision while it is behind.
+SCHEMA_POLL = 1.0
 
 #: Seconds a connection of a life that ends gets to say goodbye and close.
 CLOSE_TIMEOUT = 5.0

@@ -4,7 +4,7 @@ import asyncio
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import pool
+from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 
 from jobqueue.db import create_engine, database_url
@@ -16,6 +16,9 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
 
 target_metadata = Base.metadata
 VERSION_TABLE = config.get_main_option("version_table", "jobqueue_alembic_version")
+#: How long a revision waits for a lock before it gives up and rolls back
+#: (`jobqueue.schema.migrations.upgrade` then tries it again).
+LOCK_TIMEOUT = config.get_main_option("lock_timeout", "1s")
 
 
 def _url() -> str:
@@ -23,12 +26,16 @@ def _url() -> str:
 
 
 def _configure(connection: Connection | None = None, **kwargs: object) -> None:
+    # One transaction per revision: a revision that has to wait for a lock
+    # gives up (lock_timeout) and rolls back alone, holding nothing while
+    # it is tried again (`jobqueue/schema/online.py`).
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
         version_table=VERSION_TABLE,
         compare_type=True,
         compare_server_default=True,
+        transaction_per_migration=True,
         **kwargs,
     )
 
@@ -41,6 +48,8 @@ def run_migrations_offline() -> None:
 
 
 def _run_sync(connection: Connection) -> None:
+    connection.execute(text("SELECT set_config('lock_timeout', :t, false)"), {"t": LOCK_TIMEOUT})
+    connection.commit()  # the revisions' transactions are alembic's own, one each
     _configure(connection)
     with context.begin_transaction():
         context.run_migrations()

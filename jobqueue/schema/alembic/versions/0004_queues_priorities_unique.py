@@ -5,11 +5,14 @@ Every new column has a server default, so a plain `INSERT INTO jobs (job_type,
 payload)` is still a valid job (queue `default`, priority 0, no key).
 
 The claim index becomes (queue, priority DESC, run_at): a claim reads one
-queue's first entries in the order they run. Building it locks the table
-against writes for as long as the build takes (about a second per million
-waiting jobs on the benchmark machine); on a larger backlog, create it
-yourself first with `CREATE INDEX CONCURRENTLY` under another name, then run
-this migration in a quiet moment.
+queue's first entries in the order they run. Nothing here rewrites the table
+or blocks its writers for more than a moment (`jobqueue/schema/online.py`):
+the indexes are built concurrently, the priority check is validated after
+it is added, and the queue's domain gets its check after the column (a
+column of a domain with a check is checked row by row when it is added: a
+rewrite of the whole table under an exclusive lock). That check stays
+`NOT VALID`: the rows that were there all hold the default, `default`, and
+validating a domain's check would block writes while it reads them.
 
 Revision ID: 0004
 Revises: 0003
@@ -21,6 +24,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from jobqueue.schema import online
 
 revision: str = "0004"
 down_revision: str | None = "0003"
@@ -39,28 +44,26 @@ QUEUE_TYPE = postgresql.DOMAIN("jobqueue_queue_name", sa.String(length=64),
 
 
 def upgrade() -> None:
-    # A domain, not a table CHECK: checked when a name is written, not on
-    # every update of every job (a claim, a completion).
-    op.execute(f"CREATE DOMAIN jobqueue_queue_name AS varchar(64) CHECK (VALUE ~ '{QUEUE_NAME}')")
-    op.add_column("jobs", sa.Column("queue", QUEUE_TYPE,
-                                    server_default=sa.text("'default'"), nullable=False))
-    op.add_column("jobs", sa.Column("priority", sa.Integer(), server_default=sa.text("0"),
-                                    nullable=False))
-    op.add_column("jobs", sa.Column("unique_key", sa.String(length=255), nullable=True))
-    op.create_check_constraint(op.f("ck_jobs_priority_range"), "jobs",
-                               "priority BETWEEN -1000 AND 1000")
-    op.drop_index("idx_jobs_pickable", table_name="jobs")
-    op.create_index("idx_jobs_pickable", "jobs",
-                    ["queue", sa.text("priority DESC"), "run_at"],
-                    postgresql_where=sa.text(PICKABLE))
-    op.create_index("uq_jobs_unique_key", "jobs", ["unique_key"], unique=True,
-                    postgresql_where=sa.text(UNFINISHED_KEY))
-
-    op.add_column("jobqueue_workers", sa.Column("queues", postgresql.ARRAY(sa.Text()),
-                                                nullable=True))
-    op.add_column("jobqueue_workers", sa.Column("job_types", postgresql.ARRAY(sa.Text()),
-                                                server_default=sa.text("'{}'"),
-                                                nullable=False))
+    op.execute("""
+        DO $$ BEGIN
+            CREATE DOMAIN jobqueue_queue_name AS varchar(64);
+        EXCEPTION WHEN duplicate_object THEN NULL;
+        END $$
+    """)
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS queue jobqueue_queue_name "
+               "NOT NULL DEFAULT 'default'")
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS priority integer NOT NULL DEFAULT 0")
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS unique_key varchar(255)")
+    op.execute(f"""
+        DO $$ BEGIN
+            ALTER DOMAIN jobqueue_queue_name ADD CONSTRAINT jobqueue_queue_name_check
+                CHECK (VALUE ~ '{QUEUE_NAME}') NOT VALID;
+        EXCEPTION WHEN duplicate_object THEN NULL;
+        END $$
+    """)
+    op.execute("ALTER TABLE jobqueue_workers ADD COLUMN IF NOT EXISTS queues text[]")
+    op.execute("ALTER TABLE jobqueue_workers ADD COLUMN IF NOT EXISTS job_types text[] "
+               "NOT NULL DEFAULT '{}'")
 
     op.create_table(
         "jobqueue_queues",
@@ -80,6 +83,7 @@ def upgrade() -> None:
         sa.CheckConstraint("(rate_limit IS NULL) = (rate_period IS NULL)",
                            name=op.f("ck_jobqueue_queues_rate_complete")),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_jobqueue_queues")),
+        if_not_exists=True,
     )
     op.create_table(
         "jobqueue_schedules",
@@ -89,7 +93,13 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.text("now()"),
                   nullable=False),
         sa.PrimaryKeyConstraint("job_type", name=op.f("pk_jobqueue_schedules")),
+        if_not_exists=True,
     )
+    online.add_check("jobs", "ck_jobs_priority_range", "priority BETWEEN -1000 AND 1000")
+    online.replace_index("idx_jobs_pickable", "jobs", ["queue", "priority DESC", "run_at"],
+                         where=PICKABLE)
+    online.create_index("uq_jobs_unique_key", "jobs", ["unique_key"], unique=True,
+                        where=UNFINISHED_KEY)
 
 
 def downgrade() -> None:

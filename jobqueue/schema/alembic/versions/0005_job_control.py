@@ -24,6 +24,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from jobqueue.schema import online
+
 revision: str = "0005"
 down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
@@ -35,13 +37,9 @@ TIMEOUT_MAX = 31_536_000
 
 
 def upgrade() -> None:
-    op.add_column("jobs", sa.Column("timeout", sa.Float(), nullable=True))
-    op.create_check_constraint(op.f("ck_jobs_timeout_range"), "jobs",
-                               f"timeout > 0 AND timeout <= {TIMEOUT_MAX}")
-    op.add_column("jobs", sa.Column("run_alone", sa.Boolean(), server_default=sa.text("false"),
-                                    nullable=False))
-    op.create_index("idx_jobs_alone", "jobs", ["queue", sa.text("priority DESC"), "run_at"],
-                    postgresql_where=sa.text(ALONE))
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS timeout double precision")
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS run_alone boolean "
+               "NOT NULL DEFAULT false")
     op.create_table(
         "jobqueue_batches",
         sa.Column("worker_id", sa.Integer(), nullable=False),
@@ -52,6 +50,7 @@ def upgrade() -> None:
                   nullable=False),
         sa.PrimaryKeyConstraint("worker_id", "lane", name=op.f("pk_jobqueue_batches")),
         prefixes=["UNLOGGED"],
+        if_not_exists=True,
     )
     op.create_table(
         "jobqueue_waiters",
@@ -62,7 +61,11 @@ def upgrade() -> None:
                   nullable=False),
         sa.PrimaryKeyConstraint("job_id", "pid", name=op.f("pk_jobqueue_waiters")),
         prefixes=["UNLOGGED"],
+        if_not_exists=True,
     )
+    online.add_check("jobs", "ck_jobs_timeout_range", f"timeout > 0 AND timeout <= {TIMEOUT_MAX}")
+    online.create_index("idx_jobs_alone", "jobs", ["queue", "priority DESC", "run_at"],
+                        where=ALONE)
 
 
 def downgrade() -> None:

@@ -7,9 +7,7 @@ failed jobs would walk it nearly whole. This one holds only `failed` rows:
 a job enters it once, when it fails for good, so claims and completions
 never write to it.
 
-On a large table that must stay writable meanwhile, build it yourself
-first with `CREATE INDEX CONCURRENTLY idx_jobs_failed ON jobs (completed_at)
-WHERE status = 'failed'`; the migration then finds it and does nothing.
+Built concurrently: writes go on while it is built (`online.py`).
 
 Revision ID: 0006
 Revises: 0005
@@ -18,8 +16,9 @@ Create Date: 2026-12-02
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
+
+from jobqueue.schema import online
 
 revision: str = "0006"
 down_revision: str | None = "0005"
@@ -28,8 +27,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.create_index("idx_jobs_failed", "jobs", ["completed_at"], if_not_exists=True,
-                    postgresql_where=sa.text("status = 'failed'"))
+    online.create_index("idx_jobs_failed", "jobs", ["completed_at"], where="status = 'failed'")
 
 
 def downgrade() -> None:

@@ -26,12 +26,11 @@ A floor is a (run_at, id) pair, not a time: jobs enqueued together share
 their run_at (one statement, one now()), and a floor on run_at alone would
 read every entry of such a batch again at each claim. So idx_jobs_pickable
 gains `id` as its last column, and the claims read it in (priority DESC,
-run_at, id) order. On a large table, build the new index yourself first
-(`CREATE INDEX CONCURRENTLY`, under another name; then drop the old one
-and rename) — this migration rebuilds it in place, blocking writes while
-it does. Ties in run_at then go by id, so ids now sort in the order the
-jobs were made (`jobqueue_id`, laid out as a UUIDv7): jobs enqueued in one
-transaction still run in the order they were enqueued, as they did when the
+run_at, id) order. The new index is built concurrently beside the old one,
+which it then replaces (`online.py`: writes go on meanwhile). Ties in
+run_at then go by id, so ids now sort in the order the jobs were made
+(`jobqueue_id`, laid out as a UUIDv7): jobs enqueued in one transaction
+still run in the order they were enqueued, as they did when the
 index left ties in the order of the rows in the table.
 
 Revision ID: 0007
@@ -43,6 +42,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
+from jobqueue.schema import online
 
 PICKABLE = "status IN ('pending', 'retrying')"
 
@@ -58,7 +59,7 @@ def upgrade() -> None:
     # the millisecond), then the row's place in its statement (`n`, which
     # `enqueue_many` gives), then random bits.
     op.execute("""
-        CREATE FUNCTION jobqueue_id(n bigint DEFAULT 0) RETURNS uuid
+        CREATE OR REPLACE FUNCTION jobqueue_id(n bigint DEFAULT 0) RETURNS uuid
         LANGUAGE sql VOLATILE AS $$
             SELECT CAST(lpad(to_hex(u / 1000), 12, '0') || '7'
                         || lpad(to_hex(u % 1000), 3, '0') || '8'
@@ -70,14 +71,13 @@ def upgrade() -> None:
         $$
     """)
     op.alter_column("jobs", "id", server_default=sa.text("jobqueue_id()"))
-    _pickable(["queue", sa.text("priority DESC"), "run_at", "id"])
     # A job made waiting again, due already (put back as it was, retried by
     # hand, moved to another queue or priority, set back in SQL), says where
     # it now waits, one notification per row. The WHEN clause is all the hot
     # path pays: a claim or a completion leaves no job waiting, and a retry
     # or a snooze is due later than now.
     op.execute("""
-        CREATE FUNCTION jobqueue_notify_back() RETURNS trigger
+        CREATE OR REPLACE FUNCTION jobqueue_notify_back() RETURNS trigger
         LANGUAGE plpgsql AS $$
         BEGIN
             PERFORM jobqueue_announce(NEW.queue, NEW.priority, NEW.run_at);
@@ -85,6 +85,7 @@ def upgrade() -> None:
         END
         $$
     """)
+    op.execute("DROP TRIGGER IF EXISTS jobs_notify_back ON jobs")
     op.execute("""
         CREATE TRIGGER jobs_notify_back
         AFTER UPDATE ON jobs FOR EACH ROW
@@ -93,11 +94,11 @@ def upgrade() -> None:
                    OR NEW.queue <> OLD.queue OR NEW.priority <> OLD.priority))
         EXECUTE FUNCTION jobqueue_notify_back()
     """)
-    op.drop_constraint("pk_jobqueue_batches", "jobqueue_batches", type_="primary")
+    op.execute("ALTER TABLE jobqueue_batches DROP CONSTRAINT IF EXISTS pk_jobqueue_batches")
     op.create_primary_key("pk_jobqueue_batches", "jobqueue_batches",
                           ["worker_id", "lane", "xid"])
     op.execute("""
-        CREATE FUNCTION jobqueue_announce(queue text, priority integer, due timestamptz)
+        CREATE OR REPLACE FUNCTION jobqueue_announce(queue text, priority integer, due timestamptz)
         RETURNS void LANGUAGE sql AS $$
             SELECT pg_notify('jobqueue', 'due:' || priority || ':'
                                          || extract(epoch FROM due) || ':' || queue)
@@ -116,12 +117,14 @@ def upgrade() -> None:
         END
         $$
     """)
-    op.execute("DROP TRIGGER jobs_notify_insert ON jobs")
+    op.execute("DROP TRIGGER IF EXISTS jobs_notify_insert ON jobs")
     op.execute("""
         CREATE TRIGGER jobs_notify_insert
         AFTER INSERT ON jobs REFERENCING NEW TABLE AS new_jobs
         FOR EACH STATEMENT EXECUTE FUNCTION jobqueue_notify()
     """)
+    online.replace_index("idx_jobs_pickable", "jobs", ["queue", "priority DESC", "run_at", "id"],
+                         where=PICKABLE)
 
 
 def _pickable(columns: list[object]) -> None:

@@ -34,6 +34,7 @@ def upgrade() -> None:
                   nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("digest", name=op.f("pk_jobqueue_sessions")),
+        if_not_exists=True,
     )
 
 

@@ -7,9 +7,9 @@ continues that trace (`jobqueue/tracing.py`). NULL otherwise: the column
 costs nothing to jobs that have none.
 
 Adding a nullable column without a default changes the catalog only: no
-rewrite, an ACCESS EXCLUSIVE lock held for a moment (under a lock timeout,
-so that a long transaction on the table makes the migration fail and say
-so rather than queue every enqueue behind it).
+rewrite, an ACCESS EXCLUSIVE lock held for a moment (under the migrations'
+lock timeout, `online.py`: behind a long transaction on the table, the
+revision gives up and tries again rather than queue every enqueue behind it).
 
 Revision ID: 0009
 Revises: 0008
@@ -27,8 +27,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.execute("SET LOCAL lock_timeout = '5s'")
-    op.execute("ALTER TABLE jobs ADD COLUMN trace_context jsonb")
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS trace_context jsonb")
 
 
 def downgrade() -> None:
