@@ -361,7 +361,7 @@ async def test_cancel_a_retrying_job(client: httpx.AsyncClient, db_url: str) -> 
 async def claim(conn: asyncpg.Connection, job_id: uuid.UUID) -> None:
     """Play a worker that has claimed the job (it shows `processing`)."""
     claimed = await queries["claim"].fetch(conn, limit=1, worker_id=42, queue="default",
-                                           job_types=["t"], priorities=[0], floors=[None],
+                                           arm_types=["t"], priorities=[0], floors=[None],
                                               floor_ids=[None])
     assert [r["id"] for r in claimed] == [job_id]
 

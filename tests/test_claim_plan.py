@@ -29,20 +29,19 @@ NAME = f"test_claim_plan_{os.getpid()}"
 
 #: The statements on the worker's hot path, with the values they run with.
 STATEMENTS: dict[str, dict[str, Any]] = {
-    "take": {"queue": "q3", "limit": 1000, "job_types": ["noop", "write_row"],
-             "priorities": [2, 1, 0, -1, -2], "floors": [None] * 5,
-             "floor_ids": [None] * 5},
-    "claim": {"queue": "q3", "limit": 1, "worker_id": 7, "job_types": ["noop"],
+    "take": {"queue": "q3", "limit": 1000, "arm_types": ["noop", "write_row"] * 5,
+             "priorities": [2, 2, 1, 1, 0, 0, -1, -1, -2, -2], "floors": [None] * 10,
+             "floor_ids": [None] * 10},
+    "claim": {"queue": "q3", "limit": 1, "worker_id": 7, "arm_types": ["noop"] * 5,
               "priorities": [2, 1, 0, -1, -2], "floors": [None] * 5,
-             "floor_ids": [None] * 5},
-    "claim_limited": {"queue": "q3", "limit": 100, "worker_id": 7, "job_types": ["noop"]},
-    "waiting_queues": {},
-    "waiting_after": {"queues": ["q3", "q3"], "priorities": [1, 0], "floors": [None, None],
-                      "floor_ids": [None, None]},
+              "floor_ids": [None] * 5},
+    "claim_limited": {"queue": "q3", "limit": 100, "worker_id": 7,
+                      "arm_types": ["noop"] * 5, "priorities": [2, 1, 0, -1, -2]},
+    "waiting_queues": {"job_types": ["noop"]},
+    "waiting_after": {"queues": ["q3", "q3"], "arm_types": ["noop", "noop"],
+                      "priorities": [1, 0], "floors": [None, None], "floor_ids": [None, None]},
     "queue_settings": {},
 }
-
-
 @pytest.fixture(scope="module")
 async def big_url(server_url: str, template_url: str) -> AsyncIterator[str]:
     url = await db.create_database(server_url, NAME, template=TEMPLATE, replace=True)

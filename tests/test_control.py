@@ -167,7 +167,7 @@ async def test_a_job_being_finished_is_read_once_its_transaction_ends(
     try:
         tx = batch.transaction()
         await tx.start()
-        taken = await queries["take"].fetch(batch, queue="default", job_types=["t"], limit=10,
+        taken = await queries["take"].fetch(batch, queue="default", arm_types=["t"], limit=10,
                                               priorities=[0], floors=[None],
                                               floor_ids=[None])
         assert [r["id"] for r in taken] == [job_id]
@@ -283,13 +283,13 @@ async def test_cancel_asks_the_worker_when_one_has_the_job(
     cancel does not wait for the batch's lock."""
     claimed, locked = await new_job(engine), await new_job(engine, queue="quick")
     await queries["claim"].fetch(conn, limit=1, worker_id=42, queue="default",
-                                 job_types=["t"], priorities=[0], floors=[None],
+                                 arm_types=["t"], priorities=[0], floors=[None],
                                               floor_ids=[None])
     asked = await heard(conn, CHANNEL)
     batch = await asyncpg.connect(**jobqueue.db.asyncpg_connect_args(db_url))
     try:
         async with batch.transaction():
-            taken = await queries["take"].fetch(batch, queue="quick", job_types=["t"],
+            taken = await queries["take"].fetch(batch, queue="quick", arm_types=["t"],
                                                 limit=10, priorities=[0], floors=[None],
                                               floor_ids=[None])
             assert [r["id"] for r in taken] == [locked]

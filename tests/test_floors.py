@@ -85,11 +85,13 @@ async def run_one_after(engine: AsyncEngine, conn: asyncpg.Connection, behind: u
 
 
 async def entries_read(conn: asyncpg.Connection) -> int:
-    """Index entries that scans of idx_jobs_pickable have read (dead ones too:
-    each costs a visit to its heap row), as the statistics have them now."""
+    """Index entries that scans of the claim indexes have read (dead ones
+    too: each costs a visit to its heap row), as the statistics have them now
+    (by type, or across types: with one type waiting, the planner may read either)."""
     await conn.execute("SELECT pg_stat_clear_snapshot()")
     return int(await conn.fetchval(
-        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'idx_jobs_pickable'"))
+        "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes "
+        "WHERE indexrelname IN ('idx_jobs_pickable', 'idx_jobs_waiting')"))
 
 
 @pytest.mark.parametrize("quick_batch", [0.05, 0.0], ids=["taken", "claimed"])
@@ -158,7 +160,7 @@ async def test_under_a_held_horizon_a_taken_batch_is_recorded_by_row_address(
     idx_jobs_pickable (whose dead entries the statistics do not count) or all
     of the table; by where `take` found the rows, one heap fetch a job."""
     holder = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
-    take = {"queue": "default", "job_types": ["noop"], "limit": 1000, "priorities": [0],
+    take = {"queue": "default", "arm_types": ["noop"], "limit": 1000, "priorities": [0],
             "floors": [None], "floor_ids": [None]}
     try:
         await holder.execute("BEGIN")
@@ -323,27 +325,111 @@ def test_an_announcement_lowers_every_lane_and_one_during_a_claim_is_not_lost() 
 
     class Row:
         def __init__(self, floor: dt.datetime) -> None:
-            self.priority, self.floor, self.floor_id = 0, floor, None
+            self.job_type, self.priority, self.floor, self.floor_id = "t", 0, floor, None
 
     for lane in (0, 1):
-        floors.arms(lane, "q")
+        floors.arms(lane, "q", ["t"])
         floors.advance(lane, "q", [Row(t0 + dt.timedelta(seconds=10))])
     assert floors.heard(f"{DUE_PREFIX}0:{(t0 + dt.timedelta(seconds=4)).timestamp()}:q")
-    assert [floors.arms(lane, "q").floors for lane in (0, 1)] == [
+    assert [floors.arms(lane, "q", ["t"]).floors for lane in (0, 1)] == [
         [t0 + dt.timedelta(seconds=4)]] * 2
     # Lane 0 claims; a job behind its floor is announced before the claim's
     # rows come back: the floor they bring must not pass it.
-    floors.arms(0, "q")
+    floors.arms(0, "q", ["t"])
     floors.heard(f"{DUE_PREFIX}0:{(t0 + dt.timedelta(seconds=6)).timestamp()}:q:with:colons")
     floors.heard(f"{DUE_PREFIX}0:{(t0 + dt.timedelta(seconds=5)).timestamp()}:q")
     floors.advance(0, "q", [Row(t0 + dt.timedelta(seconds=20))])
-    assert floors.arms(0, "q").floors == [t0 + dt.timedelta(seconds=5)]
+    assert floors.arms(0, "q", ["t"]).floors == [t0 + dt.timedelta(seconds=5)]
     assert floors.groups == {"q": {0}, "q:with:colons": {0}}
     # However many jobs are announced ahead of it while a claim is on its
     # way (500 a second is a busy queue's normal), the claim's floor stands.
-    floors.arms(1, "q")
+    floors.arms(1, "q", ["t"])
     for k in range(200):
         floors.heard(f"{DUE_PREFIX}0:{(t0 + dt.timedelta(seconds=30 + k)).timestamp()}:q")
     floors.advance(1, "q", [Row(t0 + dt.timedelta(seconds=25))])
-    assert floors.arms(1, "q").floors == [t0 + dt.timedelta(seconds=25)]
+    assert floors.arms(1, "q", ["t"]).floors == [t0 + dt.timedelta(seconds=25)]
     assert not floors.heard("due:x:y:q") and not floors.heard("")
+
+
+def test_the_type_waiting_longest_leads_within_a_priority_and_floors_stay_apart() -> None:
+    floors = Floors(["a", "b"])
+    t0 = dt.datetime(2026, 12, 6, tzinfo=dt.UTC)
+    floors.learn("q", 1)
+    floors.learn("q", 0)
+    first = floors.arms(0, "q", ["a", "b"])
+    # Priorities highest first, always; within one, types the worker knows
+    # nothing of in the order the lane has them...
+    assert list(zip(first.priorities, first.arm_types, strict=True)) == [
+        (1, "a"), (1, "b"), (0, "a"), (0, "b")]
+
+    class Row:
+        def __init__(self, job_type: str, floor: dt.datetime) -> None:
+            self.job_type, self.priority, self.floor, self.floor_id = job_type, 0, floor, None
+
+    floors.advance(0, "q", [Row("a", t0 + dt.timedelta(seconds=20)),
+                            Row("b", t0 + dt.timedelta(seconds=10))])
+    # ...the one whose floor is oldest first: its next job has waited longest.
+    assert floors.arms(0, "q", ["a", "b"]).arm_types[2:] == ["b", "a"]
+    # Where the lane has no floor, where the last look found the first job
+    # counts; a type found nowhere comes last.
+    floors.seen([{"queue": "q", "job_type": "c", "priority": 0,
+                  "run_at": t0 + dt.timedelta(seconds=15)}])
+    assert floors.arms(0, "q", ["d", "a", "b", "c"]).arm_types[4:] == ["b", "c", "a", "d"]
+    # What a look from the front found for one type lowers that type only...
+    floors.discovered([{"queue": "q", "job_type": "a", "priority": 0,
+                        "run_at": t0 + dt.timedelta(seconds=5)}])
+    arms = floors.arms(0, "q", ["a", "b"])
+    assert list(zip(arms.arm_types[2:], arms.floors[2:], strict=True)) == [
+        ("a", t0 + dt.timedelta(seconds=5)), ("b", t0 + dt.timedelta(seconds=10))]
+    # ...and an announcement, which names no type, lowers both.
+    floors.heard(f"{DUE_PREFIX}0:{(t0 + dt.timedelta(seconds=1)).timestamp()}:q")
+    assert floors.arms(0, "q", ["a", "b"]).floors[2:] == [t0 + dt.timedelta(seconds=1)] * 2
+    # A lane that takes only "a" (the sync lane, say) has no say in where
+    # "b" is looked for: it has no floor there, and never will.
+    floors.arms(1, "q", ["a"])
+    floors.advance(1, "q", [Row("a", t0 + dt.timedelta(seconds=30))])
+    low = floors.lowest()
+    assert {t: f for t, p, f in zip(low["arm_types"], low["priorities"], low["floors"],
+                                    strict=True) if p == 0} == {
+        "a": t0 + dt.timedelta(seconds=1), "b": t0 + dt.timedelta(seconds=1)}
+
+
+async def test_a_claim_reads_none_of_the_jobs_of_types_it_cannot_run(
+        conn: asyncpg.Connection, db_url: str) -> None:
+    """20,000 jobs of another service's type wait in front of this worker's
+    five: the take reads its five and a handful of index pages, not the
+    20,000 rows it would otherwise visit to learn their type."""
+    await conn.execute("INSERT INTO jobs (job_type, payload, run_at) "
+                       "SELECT 'foreign', '{}', now() - interval '1 hour' "
+                       "FROM generate_series(1, 20000)")
+    await conn.execute("INSERT INTO jobs (job_type, payload) "
+                       "SELECT 'noop', '{}' FROM generate_series(1, 5)")
+    await conn.execute("VACUUM ANALYZE jobs")
+    take = {"queue": "default", "arm_types": ["noop"], "limit": 1000, "priorities": [0],
+            "floors": [None], "floor_ids": [None]}
+    async with conn.transaction():
+        plan = await _plan_of(conn, "take", take)
+        assert await conn.fetchval("SELECT count(*) FROM jobs WHERE job_type = 'foreign' "
+                                   "AND status = 'pending'") == 20_000  # there they are
+    assert _found(plan) >= 5
+    assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < 50, plan
+
+
+async def test_a_worker_drains_its_jobs_beside_a_backlog_it_cannot_run(
+        engine: AsyncEngine, conn: asyncpg.Connection, db_url: str) -> None:
+    await conn.execute("INSERT INTO jobs (job_type, payload, queue) "
+                       "SELECT 'foreign', '{}', 'q' || (g % 3) FROM generate_series(1, 30000) g")
+    await conn.execute("INSERT INTO jobs (job_type, payload, queue) "
+                       "SELECT 'foreign', '{}', 'default' FROM generate_series(1, 10000)")
+    async with engine.begin() as s:
+        ids = await enqueue_many(s, "noop", [{} for _ in range(500)])
+    async with worker(db_url):
+        await wait_for(lambda: _all_completed(conn, ids), timeout=DEADLINE,
+                       message="the worker's own jobs to complete")
+    assert await conn.fetchval("SELECT count(*) FROM jobs WHERE job_type = 'foreign' "
+                               "AND status = 'pending'") == 40_000  # untouched
+
+
+async def _all_completed(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> bool:
+    return await conn.fetchval("SELECT count(*) FROM jobs WHERE id = ANY($1) "
+                               "AND status = 'completed'", ids) == len(ids)

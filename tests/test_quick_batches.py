@@ -213,7 +213,7 @@ async def test_a_job_that_arrives_alone_is_claimed_and_begins_no_transaction_it_
     # The claim turns synchronous_commit off for its own transaction only.
     async with conn.transaction():
         await conn.fetch(queries["claim"].positional, *queries["claim"].args(
-            {"limit": 1, "worker_id": 1, "queue": "default", "job_types": ["nothing"],
+            {"limit": 1, "worker_id": 1, "queue": "default", "arm_types": ["nothing"],
              "priorities": [0], "floors": [None], "floor_ids": [None]}))
         assert await conn.fetchval("SHOW synchronous_commit") == "off"
     assert await conn.fetchval("SHOW synchronous_commit") == "on"

@@ -231,7 +231,7 @@ def batch_steps(conn: asyncpg.Connection, batch: int) -> Rows:
     async def claim_then_complete(n: int) -> None:
         floor = (None, None)
         while rows := await queries["claim"].fetch(conn, limit=batch, worker_id=1,
-                                                      queue="default", job_types=["noop"],
+                                                      queue="default", arm_types=["noop"],
                                                       priorities=[0], floors=[floor[0]],
                                                       floor_ids=[floor[1]]):
             floor = rows[-1]["floor"], rows[-1]["floor_id"]
@@ -245,7 +245,7 @@ def batch_steps(conn: asyncpg.Connection, batch: int) -> Rows:
         while True:
             async with conn.transaction():
                 rows = await queries["take"].fetch(conn, limit=batch, queue="default",
-                                                     job_types=["noop"], priorities=[0],
+                                                     arm_types=["noop"], priorities=[0],
                                                      floors=[floor[0]], floor_ids=[floor[1]])
                 if not rows:
                     return

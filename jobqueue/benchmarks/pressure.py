@@ -356,7 +356,7 @@ async def explain_take(conn: asyncpg.Connection, limit: int = DEFAULT_BATCH_SIZE
     and what a lane's write to the batch ledger costs (`ledger_*`,
     `record_batch`; NaN before the first batch)."""
     take = queries["take"]
-    values = {"queue": "default", "job_types": ["noop"], "limit": limit, "priorities": [0]}
+    values = {"queue": "default", "arm_types": ["noop"], "limit": limit, "priorities": [0]}
     floor = await conn.fetchrow(_FLOOR) or {"run_at": None, "id": None}
     ms, buffers, rows = await _explain(conn, take.positional, *take.args(
         {**values, "floors": [floor["run_at"]], "floor_ids": [floor["id"]]}))

@@ -42,8 +42,8 @@ QUEUE = "default"
 #: A floor as a lane keeps it: (run_at, id; NIL for the time alone).
 Floor = tuple[datetime, uuid.UUID]
 
-#: The claim a quick batch sends (queries.sql): one arm per priority, each
-#: read from a floor (NULL: from the front of idx_jobs_pickable).
+#: The claim a quick batch sends (queries.sql): one arm per job type and
+#: priority, each read from a floor (NULL: from the front of idx_jobs_pickable).
 TAKE = queries["take"]
 
 
@@ -125,7 +125,7 @@ def claim_values(floor: Floor | None, limit: int
     """`take`'s parameters for the lesson's one queue and priority, from
     `floor` (None: from the front)."""
     at, job_id = floor or (None, None)
-    return {"queue": QUEUE, "job_types": [JOB_TYPE], "limit": limit, "priorities": [0],
+    return {"queue": QUEUE, "arm_types": [JOB_TYPE], "limit": limit, "priorities": [0],
             "floors": [at], "floor_ids": [job_id]}
 
 
@@ -170,8 +170,14 @@ async def claim_cost(conn: asyncpg.Connection, *, floor: Floor | None = None,
                 top["Actual Rows"], " > ".join(path))
 
 
+#: The indexes a claim may read: by type, or across types where every
+#: waiting job is of the claim's type (as here), which the planner may
+#: find cheaper.
+CLAIM_INDEXES = ("idx_jobs_pickable", "idx_jobs_waiting")
+
+
 def _reads_pickable(node: dict[str, Any]) -> bool:
-    return node.get("Index Name") == "idx_jobs_pickable" or any(
+    return node.get("Index Name") in CLAIM_INDEXES or any(
         _reads_pickable(c) for c in node.get("Plans", [])
         if c.get("Parent Relationship") != "InitPlan")
 

@@ -167,11 +167,25 @@ class Job(Base):
         CheckConstraint(f"priority BETWEEN {PRIORITY_MIN} AND {PRIORITY_MAX}",
                         name="priority_range"),
         CheckConstraint(f"timeout > 0 AND timeout <= {TIMEOUT_MAX}", name="timeout_range"),
-        # What a worker scans to claim: only pickable jobs, one queue at a
-        # time, in the order they run (priority, then due time), so a claim
-        # reads the first entries of its queue and stops.
+        # What a worker scans to claim: only pickable jobs, one queue and
+        # one job type at a time, in the order they run (priority, then due
+        # time), so a claim reads the first entries of each of its types and
+        # stops, and never steps over jobs of types it cannot run.
         Index(
             "idx_jobs_pickable",
+            "queue",
+            "job_type",
+            text("priority DESC"),
+            "run_at",
+            "id",
+            postgresql_where=text("status IN ('pending', 'retrying')"),
+        ),
+        # The same across types, in the order jobs run: what the dashboard's
+        # list of waiting jobs reads page by page, and the claims of workers
+        # of releases before 0010. (A claim may read it too where all the
+        # waiting jobs are of its types: then it holds nothing to step over.)
+        Index(
+            "idx_jobs_waiting",
             "queue",
             text("priority DESC"),
             "run_at",

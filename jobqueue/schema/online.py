@@ -63,7 +63,7 @@ def replace_index(name: str, table: str, columns: Sequence[str], *,
     rename the new. Done when `name` already has as many columns as
     `columns` (each revision that reshapes an index here changes its
     column count), so a revision that runs again skips what it finished."""
-    if _width(name) == len(columns):
+    if width(name) == len(columns):
         return
     staged = f"{name}_new"
     create_index(staged, table, columns, where=where)
@@ -100,7 +100,8 @@ def _valid(index: str) -> bool | None:
         {"name": index}).scalar()
 
 
-def _width(index: str) -> int | None:
+def width(index: str) -> int | None:
+    """How many columns index `index` has; None: there is none of that name."""
     return op.get_bind().execute(  # type: ignore[no-any-return]
         text("SELECT indnatts FROM pg_index WHERE indexrelid = to_regclass(:name)"),
         {"name": index}).scalar()

@@ -53,14 +53,18 @@ SELECT id, queue, trace_context::text FROM jobs WHERE id = ANY(CAST(:ids AS uuid
 
 -- claim --
 -- Take up to :limit due jobs of queue :queue for worker :worker_id and commit
--- at once, so they show `processing` while a long batch runs. Only jobs of the
--- types the worker has handlers for (:job_types): the others wait for a
--- worker that knows them. Highest priority first, then earliest due: one arm
--- per priority the queue has (:priorities, highest first), each a range of
--- idx_jobs_pickable read in (run_at, id) order from where the lane's last
--- claim there stopped (:floors and :floor_ids, the same length; NULL: from
--- the start), so the entries of jobs already taken, which vacuum may not
--- have removed yet, are never stepped over again (`worker/floors.py`). The outer LIMIT stops
+-- at once, so they show `processing` while a long batch runs. One arm per
+-- (job type, priority): the types the lane has handlers for, at each
+-- priority the queue has (:arm_types and :priorities, highest priority
+-- first, and within one the type whose floor is oldest), each a range of
+-- idx_jobs_pickable, whose entries go by type, read in (run_at, id) order
+-- from where the lane's last claim there stopped (:floors and :floor_ids,
+-- the same length; NULL: from the start). So a claim never steps over the
+-- jobs of types it cannot run, however many wait (another service's), nor
+-- over the entries of jobs already taken, which vacuum may not have
+-- removed yet (`worker/floors.py`). Within a priority a batch is filled
+-- type by type, oldest floor first: close to due order across types, not
+-- exactly it (the batch itself runs in due order). The outer LIMIT stops
 -- the arms as soon as it has enough: a lower arm is not even started, and no
 -- row is locked that is not returned. SKIP LOCKED lets concurrent claimers
 -- pass each other instead of queueing up. A queue that is paused or limited
@@ -88,18 +92,19 @@ SELECT id, queue, trace_context::text FROM jobs WHERE id = ANY(CAST(:ids AS uuid
 -- claim lost in a server crash only leaves its job waiting, and the job's
 -- completion, which waits for the disk, flushes the claim's record with its own.
 WITH arm AS (
-    SELECT priority, coalesce(at, '-infinity') AS at,
+    SELECT job_type, priority, coalesce(at, '-infinity') AS at,
            coalesce(id, '00000000-0000-0000-0000-000000000000') AS id
-    FROM unnest(CAST(:priorities AS integer[]), CAST(:floors AS timestamptz[]),
-                CAST(:floor_ids AS uuid[])) AS f(priority, at, id)
+    FROM unnest(CAST(:arm_types AS text[]), CAST(:priorities AS integer[]),
+                CAST(:floors AS timestamptz[]), CAST(:floor_ids AS uuid[]))
+         AS f(job_type, priority, at, id)
 ), due AS MATERIALIZED (
-    SELECT t.id, t.priority
+    SELECT t.id, t.job_type, t.priority
     FROM arm AS a CROSS JOIN LATERAL (
-        SELECT id, priority, run_at
+        SELECT id, job_type, priority, run_at
         FROM jobs
-        WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
-          AND (run_at, id) >= (a.at, a.id) AND run_at <= now()
-          AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
+        WHERE queue = :queue AND job_type = a.job_type AND priority = a.priority
+          AND status IN ('pending', 'retrying')
+          AND (run_at, id) >= (a.at, a.id) AND run_at <= now() AND NOT run_alone
           AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
                           WHERE q.name = :queue
                             AND (q.paused OR q.concurrency IS NOT NULL
@@ -109,18 +114,18 @@ WITH arm AS (
         FOR UPDATE SKIP LOCKED) AS t
     LIMIT :limit
 ), next AS MATERIALIZED (
-    SELECT a.priority,
+    SELECT a.job_type, a.priority,
            CASE WHEN w.run_at <= now() THEN w.run_at ELSE now() END AS floor,
            CASE WHEN w.run_at <= now() THEN w.id END AS floor_id
     FROM arm AS a LEFT JOIN LATERAL (
         SELECT run_at, id FROM jobs
-        WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
-          AND (run_at, id) >= (a.at, a.id)
-          AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
+        WHERE queue = :queue AND job_type = a.job_type AND priority = a.priority
+          AND status IN ('pending', 'retrying')
+          AND (run_at, id) >= (a.at, a.id) AND NOT run_alone
           AND id NOT IN (SELECT id FROM due)  -- hashed: one probe a row
         ORDER BY run_at, id
         LIMIT 1) AS w ON true
-    WHERE a.priority IN (SELECT priority FROM due)
+    WHERE (a.job_type, a.priority) IN (SELECT job_type, priority FROM due)
 ), claimed AS (
     UPDATE jobs AS j
     SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
@@ -133,7 +138,7 @@ WITH arm AS (
 SELECT c.id, c.job_type, c.payload, c.retry_count, c.max_retries, c.timeout, c.priority,
        CAST(extract(epoch FROM c.run_at) * 1000000 AS bigint) AS due_us, n.floor, n.floor_id,
        CAST(NULL AS tid) AS tid
-FROM claimed AS c JOIN next AS n ON n.priority = c.priority
+FROM claimed AS c JOIN next AS n ON n.job_type = c.job_type AND n.priority = c.priority
 ORDER BY c.priority DESC, c.run_at, c.id;
 
 -- take --
@@ -150,18 +155,19 @@ ORDER BY c.priority DESC, c.run_at, c.id;
 -- empty take assigns none), which the lane writes with the ids in
 -- `jobqueue_batches` (`record_batch`) before it runs them.
 WITH arm AS (
-    SELECT priority, coalesce(at, '-infinity') AS at,
+    SELECT job_type, priority, coalesce(at, '-infinity') AS at,
            coalesce(id, '00000000-0000-0000-0000-000000000000') AS id
-    FROM unnest(CAST(:priorities AS integer[]), CAST(:floors AS timestamptz[]),
-                CAST(:floor_ids AS uuid[])) AS f(priority, at, id)
+    FROM unnest(CAST(:arm_types AS text[]), CAST(:priorities AS integer[]),
+                CAST(:floors AS timestamptz[]), CAST(:floor_ids AS uuid[]))
+         AS f(job_type, priority, at, id)
 ), taken AS MATERIALIZED (
     SELECT t.*
     FROM arm AS a CROSS JOIN LATERAL (
         SELECT id, job_type, payload, retry_count, max_retries, timeout, priority, run_at, ctid
         FROM jobs
-        WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
-          AND (run_at, id) >= (a.at, a.id) AND run_at <= now()
-          AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
+        WHERE queue = :queue AND job_type = a.job_type AND priority = a.priority
+          AND status IN ('pending', 'retrying')
+          AND (run_at, id) >= (a.at, a.id) AND run_at <= now() AND NOT run_alone
           AND NOT EXISTS (SELECT 1 FROM jobqueue_queues AS q
                           WHERE q.name = :queue
                             AND (q.paused OR q.concurrency IS NOT NULL
@@ -171,28 +177,28 @@ WITH arm AS (
         FOR UPDATE SKIP LOCKED) AS t
     LIMIT :limit
 ), next AS MATERIALIZED (
-    SELECT a.priority,
+    SELECT a.job_type, a.priority,
            CASE WHEN w.run_at <= now() THEN w.run_at ELSE now() END AS floor,
            CASE WHEN w.run_at <= now() THEN w.id END AS floor_id
     FROM arm AS a LEFT JOIN LATERAL (
         SELECT run_at, id FROM jobs
-        WHERE queue = :queue AND priority = a.priority AND status IN ('pending', 'retrying')
-          AND (run_at, id) >= (a.at, a.id)
-          AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
+        WHERE queue = :queue AND job_type = a.job_type AND priority = a.priority
+          AND status IN ('pending', 'retrying')
+          AND (run_at, id) >= (a.at, a.id) AND NOT run_alone
           AND id NOT IN (SELECT id FROM taken)  -- hashed: one probe a row
         ORDER BY run_at, id
         LIMIT 1) AS w ON true
-    WHERE a.priority IN (SELECT priority FROM taken)
+    WHERE (a.job_type, a.priority) IN (SELECT job_type, priority FROM taken)
 )
 SELECT t.id, t.job_type, CAST(t.payload AS text) AS payload, t.retry_count, t.max_retries,
        t.timeout, t.priority, CAST(extract(epoch FROM t.run_at) * 1000000 AS bigint) AS due_us,
        CASE WHEN last THEN n.floor END AS floor,
        CASE WHEN last THEN n.floor_id END AS floor_id, t.ctid AS tid,
        (SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint)) AS xid
-FROM (SELECT *, lead(priority) OVER (ORDER BY priority DESC, run_at, id) IS DISTINCT FROM
-                priority AS last
+FROM (SELECT *, row_number() OVER (PARTITION BY job_type, priority
+                                   ORDER BY run_at DESC, id DESC) = 1 AS last
       FROM taken) AS t
-JOIN next AS n ON n.priority = t.priority
+JOIN next AS n ON n.job_type = t.job_type AND n.priority = t.priority
 ORDER BY t.priority DESC, t.run_at, t.id;
 
 -- lock_queue --
@@ -208,7 +214,8 @@ SELECT pg_advisory_xact_lock(:lock_class, hashtext(:queue));
 -- current window of rate_period seconds (aligned to the clock); nothing at
 -- all while it is paused or if its row is gone. The window's count is kept on
 -- the queue's row; started_at and the window come from the same clock
--- reading, so the database's own timestamps show the limit kept.
+-- reading, so the database's own timestamps show the limit kept. It reads
+-- the arms `claim` reads (:arm_types, :priorities), each from the front.
 WITH q AS (
     SELECT concurrency, rate_limit,
            to_timestamp(floor(extract(epoch FROM statement_timestamp()) / rate_period)
@@ -225,13 +232,17 @@ WITH q AS (
                             ELSE 0 END)) AS n
     FROM q
 ), due AS (
-    SELECT id
-    FROM jobs
-    WHERE queue = :queue AND status IN ('pending', 'retrying') AND run_at <= now()
-      AND job_type = ANY(CAST(:job_types AS text[])) AND NOT run_alone
-    ORDER BY priority DESC, run_at
+    SELECT t.id
+    FROM unnest(CAST(:arm_types AS text[]), CAST(:priorities AS integer[]))
+         AS a(job_type, priority)
+    CROSS JOIN LATERAL (
+        SELECT id FROM jobs
+        WHERE queue = :queue AND job_type = a.job_type AND priority = a.priority
+          AND status IN ('pending', 'retrying') AND run_at <= now() AND NOT run_alone
+        ORDER BY run_at, id
+        LIMIT coalesce((SELECT n FROM room), 0)
+        FOR UPDATE SKIP LOCKED) AS t
     LIMIT coalesce((SELECT n FROM room), 0)
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE jobs AS j
     SET status = 'processing', started_at = statement_timestamp(), worker_id = :worker_id
@@ -254,52 +265,62 @@ WITH q AS (
 SELECT * FROM claimed;
 
 -- waiting_queues --
--- Each (queue, priority) with waiting jobs, its earliest run_at, and when
--- that is due (seconds from now; negative: overdue). A loose index scan of
--- idx_jobs_pickable: one probe per (queue, priority) that has jobs, never a
--- pass over the jobs themselves, however many wait — but each probe starts
--- at the front of its range, and while vacuum is held back it steps over
--- every entry of a job finished since. So a worker reads it only to find
--- what it does not know yet (`floors.py`: when a life begins, then once every
+-- Each (queue, job type, priority) with waiting jobs of the worker's types
+-- (:job_types), its earliest run_at, and when that is due (seconds from now;
+-- negative: overdue). A loose index scan of idx_jobs_pickable: one probe per
+-- (queue, job type, priority) that has jobs, of any type, never a pass over
+-- the jobs themselves, however many wait — but each probe starts at the
+-- front of its range, and while vacuum is held back it steps over every
+-- entry of a job finished since. So a worker reads it only to find what it
+-- does not know yet (`floors.py`: when a life begins, then once every
 -- DISCOVER_INTERVAL); in between it looks past its floors (`waiting_after`).
 WITH RECURSIVE g AS (
-    (SELECT queue, priority, run_at FROM jobs
+    (SELECT queue, job_type, priority, run_at FROM jobs
      WHERE status IN ('pending', 'retrying')
-     ORDER BY queue, priority DESC, run_at LIMIT 1)
+     ORDER BY queue, job_type, priority DESC, run_at LIMIT 1)
     UNION ALL
-    SELECT n.queue, n.priority, n.run_at
+    SELECT n.queue, n.job_type, n.priority, n.run_at
     FROM g, LATERAL (
-        (SELECT queue, priority, run_at FROM jobs
-         WHERE status IN ('pending', 'retrying') AND queue = g.queue AND priority < g.priority
-         ORDER BY queue, priority DESC, run_at LIMIT 1)
+        (SELECT queue, job_type, priority, run_at FROM jobs
+         WHERE status IN ('pending', 'retrying') AND queue = g.queue
+           AND job_type = g.job_type AND priority < g.priority
+         ORDER BY queue, job_type, priority DESC, run_at LIMIT 1)
         UNION ALL
-        (SELECT queue, priority, run_at FROM jobs
+        (SELECT queue, job_type, priority, run_at FROM jobs
+         WHERE status IN ('pending', 'retrying') AND queue = g.queue AND job_type > g.job_type
+         ORDER BY queue, job_type, priority DESC, run_at LIMIT 1)
+        UNION ALL
+        (SELECT queue, job_type, priority, run_at FROM jobs
          WHERE status IN ('pending', 'retrying') AND queue > g.queue
-         ORDER BY queue, priority DESC, run_at LIMIT 1)
+         ORDER BY queue, job_type, priority DESC, run_at LIMIT 1)
         LIMIT 1) AS n
 )
-SELECT queue, priority, run_at, CAST(extract(epoch FROM run_at - now()) AS float8) AS due_in
+SELECT queue, job_type, priority, run_at,
+       CAST(extract(epoch FROM run_at - now()) AS float8) AS due_in
 FROM g
-ORDER BY queue, priority DESC;
+WHERE job_type = ANY(CAST(:job_types AS text[]))
+ORDER BY queue, priority DESC, job_type;
 
 -- waiting_after --
--- `waiting_queues` for the (queue, priority) pairs a worker knows, each read
--- from its floor (:floors, :floor_ids; NULL: from the start; the lowest of
--- the worker's lanes): one probe of idx_jobs_pickable per pair, past what is finished.
--- A pair with nothing waiting gives no row.
-SELECT f.queue, f.priority, w.run_at,
+-- `waiting_queues` for the (queue, job type, priority) places a worker
+-- knows, each read from its floor (:floors, :floor_ids; NULL: from the
+-- start; the lowest of the worker's lanes): one probe of idx_jobs_pickable
+-- per place, past what is finished. A place with nothing waiting gives no row.
+SELECT f.queue, f.job_type, f.priority, w.run_at,
        CAST(extract(epoch FROM w.run_at - now()) AS float8) AS due_in
-FROM unnest(CAST(:queues AS text[]), CAST(:priorities AS integer[]),
-            CAST(:floors AS timestamptz[]), CAST(:floor_ids AS uuid[]))
-    AS f(queue, priority, at, id)
+FROM unnest(CAST(:queues AS text[]), CAST(:arm_types AS text[]),
+            CAST(:priorities AS integer[]), CAST(:floors AS timestamptz[]),
+            CAST(:floor_ids AS uuid[]))
+    AS f(queue, job_type, priority, at, id)
 CROSS JOIN LATERAL (
     SELECT run_at FROM jobs
-    WHERE queue = f.queue AND priority = f.priority AND status IN ('pending', 'retrying')
+    WHERE queue = f.queue AND job_type = f.job_type AND priority = f.priority
+      AND status IN ('pending', 'retrying')
       AND (run_at, id) >= (coalesce(f.at, '-infinity'),
                            coalesce(f.id, '00000000-0000-0000-0000-000000000000'))
     ORDER BY run_at, id
     LIMIT 1) AS w
-ORDER BY f.queue, f.priority DESC;
+ORDER BY f.queue, f.priority DESC, f.job_type;
 
 -- queue_settings --
 -- Every queue someone configured (paused, or limited). Tiny: read whole.
@@ -1290,7 +1311,7 @@ LIMIT :limit;
 -- workers take them: queue by queue, then priority (highest first), then
 -- due time; the id breaks ties. The keyset (:queue, :priority, :run_at, :id)
 -- is the last row of the previous page; it is split three ways so that
--- each arm is a range of idx_jobs_pickable read up to the page's length:
+-- each arm is a range of idx_jobs_waiting read up to the page's length:
 -- the rest of that priority in that queue, the lower priorities of that
 -- queue, the queues after it (left out when :one_queue). First page:
 -- :queue '' (or the one queue) and :priority above the largest.

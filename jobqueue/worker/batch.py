@@ -50,8 +50,9 @@ class Claimed:
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
                     job_types: list[str], arms: Arms) -> Started | None:
         """Claim up to `limit` due jobs of `queue`, then begin the batch's
-        transaction. `arms`: the queue's priorities and the lane's floor in
-        each (`floors.py`; the limited and lone claims read from the front)."""
+        transaction. `arms`: the queue's (job type, priority) places and the
+        lane's floor in each (`floors.py`; the limited and lone claims read
+        from the front)."""
         rows = await self.claimed(raw, limit, worker_id, queue, job_types, arms)
         if not rows:
             return None

@@ -102,10 +102,11 @@ class QueueBook:
         self._news = {}
         if floors.discovered_at is None or now - floors.discovered_at >= DISCOVER_INTERVAL:
             floors.discovered_at = now
-            rows = await queries["waiting_queues"].fetch(raw)
+            rows = await queries["waiting_queues"].fetch(raw, job_types=floors.job_types)
             floors.discovered(rows)
         else:
             rows = await queries["waiting_after"].fetch(raw, **floors.lowest())
+        floors.seen(rows)
         waiting = dict(self._news)
         for r in rows:
             waiting[r["queue"]] = min(r["due_in"], waiting.get(r["queue"], math.inf))

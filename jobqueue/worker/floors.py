@@ -68,12 +68,17 @@ NIL = uuid.UUID(int=0)
 Floor = tuple[dt.datetime, uuid.UUID]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: Sorts after every floor: a place the worker knows nothing of.
+_UNKNOWN: Floor = (dt.datetime.max.replace(tzinfo=dt.UTC), NIL)
 
 
 class Arms(NamedTuple):
-    """A claim's arms: a queue's priorities, highest first, and the lane's
-    floor in each (None: from the start)."""
+    """A claim's arms, in the order it reads them: one per (job type,
+    priority) of its queue, priorities highest first and within one the
+    lane's types in turn, with the lane's floor in each (None: from the
+    start)."""
 
+    arm_types: list[str]
     priorities: list[int]
     floors: list[dt.datetime | None]
     floor_ids: list[uuid.UUID | None]
@@ -81,7 +86,10 @@ class Arms(NamedTuple):
 
 #: The arms of a claim that reads from the front of its own index (a
 #: limited queue's, a lone job's).
-NO_ARMS = Arms([], [], [])
+NO_ARMS = Arms([], [], [], [])
+
+#: Where a floor is kept: (queue, job type, priority).
+Key = tuple[str, str, int]
 
 
 class Placed(Protocol):
@@ -89,6 +97,9 @@ class Placed(Protocol):
 
     @property
     def id(self) -> uuid.UUID: ...
+
+    @property
+    def job_type(self) -> str: ...
 
     @property
     def priority(self) -> int: ...
@@ -99,69 +110,98 @@ class Placed(Protocol):
 
 class Floors:
     """The floors of one worker's lanes during one life, and the (queue,
-    priority) pairs it knows have waiting jobs."""
+    priority) pairs it knows have waiting jobs.
 
-    def __init__(self) -> None:
+    A floor is kept per job type as well: the claims read idx_jobs_pickable,
+    whose entries go (queue, job_type, priority, run_at, id), one range per
+    type, so that a worker never steps over the jobs of types it has no
+    handler for. What announces jobs (`heard`, `lower` without a type)
+    names no type, and lowers the floors of every type at its place."""
+
+    def __init__(self, job_types: Iterable[str] = ()) -> None:
         #: Queue -> the priorities it has had waiting jobs at.
         self.groups: dict[str, set[int]] = {}
-        #: Lane number -> (queue, priority) -> floor. No entry: from the start.
-        self._lanes: dict[int, dict[tuple[str, int], Floor]] = {}
+        #: Every type this worker has a handler for: what `lowest` looks for.
+        self.job_types = list(job_types)
+        #: Lane number -> key -> floor. No entry: from the start.
+        self._lanes: dict[int, dict[Key, Floor]] = {}
+        #: Lane number -> the types it claims (its latest `arms`).
+        self._serves: dict[int, list[str]] = {}
+        #: Key -> the first waiting job the last look found there.
+        self._heads: dict[Key, Floor] = {}
         #: When the last look from the front began (monotonic seconds);
         #: None: not yet in this life.
         self.discovered_at: float | None = None
         #: For each lane's claim in progress, the lowest place announced in
-        #: each pair since it began: what `advance` must not pass.
+        #: each (queue, priority) since it began: what `advance` must not pass.
         self._heard: dict[int, dict[tuple[str, int], Floor]] = {}
 
     def learn(self, queue: str, priority: int) -> None:
         self.groups.setdefault(queue, set()).add(priority)
 
-    def arms(self, lane: int, queue: str) -> Arms:
-        """The claim's arms for `queue`: its priorities, highest first, and
-        this lane's floor in each (None, None: from the start). Marks when
-        the claim began, for `advance`."""
-        priorities = sorted(self.groups.get(queue, ()), reverse=True)
+    def arms(self, lane: int, queue: str, job_types: list[str]) -> Arms:
+        """The claim's arms for `queue`: for each of its priorities, highest
+        first, one arm per type of `job_types` (the lane's), the type whose
+        next job has waited longest first: by the lane's floor there, or,
+        in a place it has none, by where the last look found the first job
+        (`seen`; neither: last, in the order given: it most likely has
+        nothing waiting). A claim fills
+        its batch from its first arms, so this keeps due order across types
+        as far as the worker knows it, and a type with a backlog cannot hold
+        back another one's older jobs. Marks when the claim began, for
+        `advance`."""
+        self._serves[lane] = job_types
         own = self._lanes.get(lane, {})
         self._heard[lane] = {}
-        floors = [own.get((queue, p)) for p in priorities]
-        return Arms(priorities, [f and f[0] for f in floors], [f and f[1] for f in floors])
+        arms = Arms([], [], [], [])
+        for p in sorted(self.groups.get(queue, ()), reverse=True):
+            places = [((queue, t, p), own.get((queue, t, p))) for t in job_types]
+            for key, floor in sorted(places,
+                                     key=lambda k: k[1] or self._heads.get(k[0], _UNKNOWN)):
+                arms.arm_types.append(key[1])
+                arms.priorities.append(p)
+                arms.floors.append(floor and floor[0])
+                arms.floor_ids.append(floor and floor[1])
+        return arms
 
     def advance(self, lane: int, queue: str, rows: Iterable[Any]) -> None:
-        """A claim of this lane returned `rows` (with `priority` and the
-        `floor` the statement worked out for it): its next claims start
-        there — or lower, where an announcement came while the claim ran
-        (its job committed after the claim's snapshot was taken)."""
+        """A claim of this lane returned `rows` (with `job_type`, `priority`
+        and the `floor` the statement worked out for their arm): its next
+        claims start there — or lower, where an announcement came while the
+        claim ran (its job committed after the claim's snapshot was taken)."""
         own = self._lanes.setdefault(lane, {})
         heard = self._heard.pop(lane, {})
         for row in rows:
             if row.floor is None:
                 continue
-            key = (queue, row.priority)
             floor = (row.floor, row.floor_id or NIL)
-            low = heard.get(key)
-            own[key] = floor if low is None else min(floor, low)
+            low = heard.get((queue, row.priority))
+            own[(queue, row.job_type, row.priority)] = floor if low is None else min(floor, low)
 
     def lower(self, queue: str, priority: int, at: dt.datetime, job_id: uuid.UUID = NIL,
-              lane: int | None = None) -> None:
+              lane: int | None = None, job_type: str | None = None) -> None:
         """A job waits in (`queue`, `priority`) from (`at`, `job_id`) on: no
-        floor of `lane` (None: of every lane) may stay past it."""
+        floor of `lane` (None: of every lane) in that place may stay past
+        it, of its `job_type` (None: of every type)."""
         self.learn(queue, priority)
         lanes = self._lanes.values() if lane is None else [self._lanes.get(lane, {})]
-        key, low = (queue, priority), (at, job_id)
+        low = (at, job_id)
         if lane is None:
             for heard in self._heard.values():  # claims on their way: see `advance`
-                if key not in heard or heard[key] > low:
-                    heard[key] = low
+                place = (queue, priority)
+                if place not in heard or heard[place] > low:
+                    heard[place] = low
         for own in lanes:
-            floor = own.get(key)
-            if floor is not None and floor > low:
-                own[key] = low
+            for key, floor in own.items():
+                if (key[0] == queue and key[2] == priority and floor > low
+                        and (job_type is None or key[1] == job_type)):
+                    own[key] = low
 
     def released(self, lane: int, queue: str, jobs: Iterable[Placed]) -> None:
         """Jobs of this lane's quick batch went back untouched (its
         transaction ended without recording them): they wait where they were."""
         for job in jobs:
-            self.lower(queue, job.priority, job.run_at, job.id, lane)
+            self.lower(queue, job.priority, job.run_at, job.id, lane, job.job_type)
 
     def heard(self, payload: str) -> tuple[str, dt.datetime] | None:
         """Apply a `due:` announcement: the queue it names and when its
@@ -179,27 +219,50 @@ class Floors:
         return queue, at
 
     def lowest(self) -> dict[str, list[Any]]:
-        """Every known pair and the lowest floor any lane has there (None
-        if some lane has none): where `waiting_after` looks (its values)."""
-        out: dict[str, list[Any]] = {"queues": [], "priorities": [], "floors": [],
-                                     "floor_ids": []}
-        lanes = list(self._lanes.values())
+        """Every known place of this worker's types and the lowest floor the
+        lanes claiming that type have there (None if one has none): where
+        `waiting_after` looks (its values)."""
+        out: dict[str, list[Any]] = {"queues": [], "arm_types": [], "priorities": [],
+                                     "floors": [], "floor_ids": []}
         for queue, prios in sorted(self.groups.items()):
             for p in sorted(prios, reverse=True):
-                have = [own.get((queue, p)) for own in lanes]
-                known = [floor for floor in have if floor is not None]
-                low = min(known) if known and len(known) == len(have) else (None, None)
-                out["queues"].append(queue)
-                out["priorities"].append(p)
-                out["floors"].append(low[0])
-                out["floor_ids"].append(low[1])
+                for t in self.job_types:
+                    have = [own.get((queue, t, p)) for lane, own in self._lanes.items()
+                            if t in self._serves.get(lane, ())]
+                    known = [floor for floor in have if floor is not None]
+                    low = min(known) if known and len(known) == len(have) else (None, None)
+                    out["queues"].append(queue)
+                    out["arm_types"].append(t)
+                    out["priorities"].append(p)
+                    out["floors"].append(low[0])
+                    out["floor_ids"].append(low[1])
         return out
 
+    def seen(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """What a look found (`waiting_queues`, `waiting_after`): where the
+        first waiting job of each place is, for `arms` to order the types."""
+        self._heads = {(r["queue"], r["job_type"], r["priority"]): (r["run_at"], NIL)
+                       for r in rows}
+
+    def drained(self, queue: str, job_types: list[str], jobs: Iterable[Any]) -> bool:
+        """Whether a claim that returned `jobs` left nothing due of the
+        lane's types in `queue`, as far as the worker knows: no arm it took
+        from has a next job (each floor it returned names none), and the
+        last look found no job waiting there of a type it did not take."""
+        taken: set[tuple[str, int]] = set()
+        for job in jobs:
+            if job.floor_id is not None:
+                return False
+            taken.add((job.job_type, job.priority))
+        return not any(q == queue and t in job_types and (t, p) not in taken
+                       for q, t, p in self._heads)
+
     def discovered(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """What a look from the front found: the pairs with waiting jobs
-        and the earliest of each, which no floor may be past."""
+        """What a look from the front found: the places with waiting jobs of
+        this worker's types and the earliest of each, which no floor of
+        that type may be past."""
         for row in rows:
-            self.lower(row["queue"], row["priority"], row["run_at"])
+            self.lower(row["queue"], row["priority"], row["run_at"], job_type=row["job_type"])
 
 
 def _from_epoch(text: str) -> dt.datetime:

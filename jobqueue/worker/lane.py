@@ -188,9 +188,10 @@ class Lane:
                 if book.paused(queue):
                     continue
                 batch = self.batch_kind(queue, take)
-                started = await self._claim(batch, limit, queue, floors.arms(self.number, queue))
+                started = await self._claim(batch, limit, queue,
+                                            floors.arms(self.number, queue, self.life.job_types))
                 if started is not None:
-                    self.lone = started.jobs[-1].floor_id is None
+                    self.lone = floors.drained(queue, self.life.job_types, started.jobs)
                     if not self.lone:  # more are due than it took: wake a lane to help
                         self.life.bell.ring(queue)
                     floors.advance(self.number, queue, started.jobs)

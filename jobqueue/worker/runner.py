@@ -427,7 +427,7 @@ class JobRunner:
         The lanes take the async job types; the sync ones (plain `def`
         handlers) have a lane of their own that runs them in threads."""
         async_types = [t for t in self.job_types if t not in sync_types]
-        self.floors = Floors()  # a new life claims from the front
+        self.floors = Floors(self.job_types)  # a new life claims from the front
         async with self.monitor_lock:  # what waits, before the lanes' first claims
             assert self._monitor is not None
             await self.book.look(self._monitor, self.floors)

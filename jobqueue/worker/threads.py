@@ -377,7 +377,8 @@ class ThreadExecutor:
         if recorded is not None:
             out, latencies = recorded
             if any(out.retry) or out.snoozed_ids:
-                self.life.floors.lower(queue, job.priority, job.run_at, job.id)
+                self.life.floors.lower(queue, job.priority, job.run_at, job.id,
+                                       job_type=job.job_type)
             self.life.stats.count_batch(out, latencies)
             log_completed([job], out, self.worker_id)
 
