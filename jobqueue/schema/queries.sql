@@ -177,10 +177,16 @@ WITH arm AS (
         FOR UPDATE SKIP LOCKED) AS t
     LIMIT :limit
 ), next AS MATERIALIZED (
-    SELECT a.job_type, a.priority,
+    SELECT a.job_type, a.priority, l.id AS last_id,
            CASE WHEN w.run_at <= now() THEN w.run_at ELSE now() END AS floor,
            CASE WHEN w.run_at <= now() THEN w.id END AS floor_id
-    FROM arm AS a LEFT JOIN LATERAL (
+    FROM arm AS a
+    CROSS JOIN LATERAL (  -- the arm's last job taken (none: the arm took nothing)
+        SELECT id FROM taken
+        WHERE job_type = a.job_type AND priority = a.priority
+        ORDER BY run_at DESC, id DESC
+        LIMIT 1) AS l
+    LEFT JOIN LATERAL (
         SELECT run_at, id FROM jobs
         WHERE queue = :queue AND job_type = a.job_type AND priority = a.priority
           AND status IN ('pending', 'retrying')
@@ -188,16 +194,13 @@ WITH arm AS (
           AND id NOT IN (SELECT id FROM taken)  -- hashed: one probe a row
         ORDER BY run_at, id
         LIMIT 1) AS w ON true
-    WHERE (a.job_type, a.priority) IN (SELECT job_type, priority FROM taken)
 )
 SELECT t.id, t.job_type, CAST(t.payload AS text) AS payload, t.retry_count, t.max_retries,
        t.timeout, t.priority, CAST(extract(epoch FROM t.run_at) * 1000000 AS bigint) AS due_us,
-       CASE WHEN last THEN n.floor END AS floor,
-       CASE WHEN last THEN n.floor_id END AS floor_id, t.ctid AS tid,
+       CASE WHEN t.id = n.last_id THEN n.floor END AS floor,
+       CASE WHEN t.id = n.last_id THEN n.floor_id END AS floor_id, t.ctid AS tid,
        (SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint)) AS xid
-FROM (SELECT *, row_number() OVER (PARTITION BY job_type, priority
-                                   ORDER BY run_at DESC, id DESC) = 1 AS last
-      FROM taken) AS t
+FROM taken AS t
 JOIN next AS n ON n.job_type = t.job_type AND n.priority = t.priority
 ORDER BY t.priority DESC, t.run_at, t.id;
 
