@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 DJANGO_VENV  := .venv-django
 DJANGO_STAMP := $(DJANGO_VENV)/.installed-stamp
 
-.PHONY: setup test docs bench bench-pressure bench-quick lab lint db-up db-down clean
+.PHONY: setup test docs bench bench-pressure bench-scale bench-quick lab lint db-up db-down clean
 
 ## setup: build .venv with jobqueue and every extra (embedded server, lab, API, peer queues; idempotent)
 setup: $(STAMP) $(DJANGO_STAMP)
@@ -80,6 +80,11 @@ bench-pressure: setup
 	JOBQUEUE_BENCH_PRESSURE_PHASES="$$($(BIN)/python -c 'import json; \
 		from jobqueue.benchmarks.pressure import LONG_PHASES; print(json.dumps(LONG_PHASES))')" \
 		$(BIN)/python -m jobqueue.benchmarks.run pressure
+
+## bench-scale: the scale notebook at full size (ten million finished jobs, a million
+## waiting of another service's types: operator reads and drains beside them)
+bench-scale: setup
+	$(BIN)/python -m jobqueue.benchmarks.run scale
 
 ## bench-quick: the core numbers in a minute, no Jupyter (drain 100/1,000/10,000 jobs, lone-job latency)
 bench-quick: setup

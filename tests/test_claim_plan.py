@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 
 from jobqueue import db
+from jobqueue.benchmarks import scale
 from jobqueue.schema.locks import QUEUE_LOCK_CLASS
 from jobqueue.schema.queries import queries
 from tests.conftest import TEMPLATE
@@ -47,32 +48,18 @@ async def big_url(server_url: str, template_url: str) -> AsyncIterator[str]:
     url = await db.create_database(server_url, NAME, template=TEMPLATE, replace=True)
     conn = await asyncpg.connect(**db.asyncpg_connect_args(url))
     try:
-        # Indexes (the primary key too) built after the rows, with room to sort
-        # in: a minute of random-order inserts saved.
-        await conn.execute("SET maintenance_work_mem = '256MB'")
-        indexes = await conn.fetch("SELECT indexname, indexdef FROM pg_indexes "
-                                   "WHERE tablename = 'jobs' AND indexname <> 'pk_jobs'")
-        for index in indexes:
-            await conn.execute(f'DROP INDEX "{index["indexname"]}"')
-        await conn.execute("ALTER TABLE jobs DROP CONSTRAINT pk_jobs")
-        # Nobody listens: the insert trigger would only keep the million new
-        # rows in a transition table to announce ten queues' earliest jobs.
-        await conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_notify_insert")
-        # Ids spread over the whole uuid range as gen_random_uuid()'s are, made
-        # five times faster (md5 of the row number instead of strong random bytes).
-        await conn.execute(f"""
-            INSERT INTO jobs (id, job_type, queue, priority, status, retry_count, run_at)
-            SELECT CAST(md5(CAST(i AS text)) AS uuid),
-                   CASE WHEN i % 50 = 0 THEN 'foreign' ELSE 'noop' END,
-                   'q' || (i % {QUEUES}), (i / {QUEUES}) % 5 - 2,
-                   CASE WHEN i % 20 = 0 THEN 'retrying' ELSE 'pending' END,
-                   CASE WHEN i % 20 = 0 THEN 1 ELSE 0 END,
-                   now() - interval '1 hour' + (i % 7200) * interval '1 second'
-            FROM generate_series(1, {WAITING}) AS i""")
-        await conn.execute("ALTER TABLE jobs ENABLE TRIGGER jobs_notify_insert")
-        await conn.execute("ALTER TABLE jobs ADD CONSTRAINT pk_jobs PRIMARY KEY (id)")
-        for index in indexes:
-            await conn.execute(index["indexdef"])
+        async with scale.bulk_load(conn):
+            # Ids spread over the whole uuid range as gen_random_uuid()'s are, made
+            # five times faster (md5 of the row number instead of strong random bytes).
+            await conn.execute(f"""
+                INSERT INTO jobs (id, job_type, queue, priority, status, retry_count, run_at)
+                SELECT CAST(md5(CAST(i AS text)) AS uuid),
+                       CASE WHEN i % 50 = 0 THEN 'foreign' ELSE 'noop' END,
+                       'q' || (i % {QUEUES}), (i / {QUEUES}) % 5 - 2,
+                       CASE WHEN i % 20 = 0 THEN 'retrying' ELSE 'pending' END,
+                       CASE WHEN i % 20 = 0 THEN 1 ELSE 0 END,
+                       now() - interval '1 hour' + (i % 7200) * interval '1 second'
+                FROM generate_series(1, {WAITING}) AS i""")
         await conn.execute("INSERT INTO jobqueue_queues (name, concurrency) VALUES ('q3', 5)")
         await conn.execute("VACUUM ANALYZE jobs")
         await conn.execute("ANALYZE jobqueue_queues")

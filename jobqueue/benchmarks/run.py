@@ -5,8 +5,10 @@ with one stamp (`run_stamp`; `run.json` beside the results).
     python -m jobqueue.benchmarks.run                 # what `make bench` runs
     python -m jobqueue.benchmarks.run comparison      # one notebook again: a partial rerun
     python -m jobqueue.benchmarks.run pressure        # what `make bench-pressure` runs
+    python -m jobqueue.benchmarks.run scale           # what `make bench-scale` runs
 
-The pressure notebook takes most of an hour, so it is a command of its own.
+The pressure notebook takes most of an hour, and the scale notebook builds a
+table of ten million jobs, so each is a command of its own.
 Nothing a notebook draws reaches a terminal, so this driver says where the
 run is (notebook, section, the step of a series from `scenarios.progress`)
 and estimates the time left from the committed notebooks' cell timings and
@@ -41,8 +43,10 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = CHECKOUT / "notebooks" / "benchmarks"
 RESULTS = NOTEBOOKS / "results"
 #: Every benchmark notebook, in the order they run.
-BENCH_NOTEBOOKS = ("throughput", "latency", "recovery", "comparison", "pressure")
-#: The notebooks of `make bench` (a full run): all but the long pressure run.
+BENCH_NOTEBOOKS = ("throughput", "latency", "recovery", "comparison", "pressure", "scale")
+#: The notebooks of `make bench` (a full run): all but the long pressure run
+#: and the scale run (its table of ten million jobs takes a quarter of an hour
+#: to build).
 FULL_RUN = ("throughput", "latency", "recovery", "comparison")
 #: The steps after the notebooks, as this driver runs them.
 AFTER = {"ceiling": [sys.executable, "-m", "jobqueue.benchmarks.ceiling", "--save"],

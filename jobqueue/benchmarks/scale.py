@@ -1,0 +1,199 @@
+"""The queue at scale: a history of finished jobs and another service's
+backlog beside a worker, built to a size given as parameters.
+
+`build` fills a database as a busy queue leaves it after a week: `finished`
+jobs completed over `days` (a share of them failed for good) and `waiting`
+jobs of types this worker has no handler for, spread over ten queues of
+their own. On it, `operator_reads` times what an operator's tools read
+(`jobqueue status`, `/metrics`, `/queues`, the dashboard's overview and its
+live refresh, pages of `GET /jobs`) and `drains` times a worker started as
+the README starts it, at its defaults and with `--queues default`, draining
+jobs of its own beside the backlog. The notebook `scale.ipynb` sets the
+sizes (`param`), compares with a table that holds only the jobs drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from jobqueue.benchmarks.scenarios import connected, worker_argv
+from jobqueue.ops import status
+from jobqueue.ops.api import create_app
+from jobqueue.testing import WorkerProcess, wait_for
+
+#: The queues the backlog waits in, and its job types (none of them ours).
+BACKLOG_QUEUES = 10
+BACKLOG_TYPES = 7
+
+_SIZES = """
+SELECT pg_total_relation_size('jobs') / 1048576.0 AS total_mib,
+       pg_relation_size('jobs') / 1048576.0 AS heap_mib,
+       pg_indexes_size('jobs') / 1048576.0 AS indexes_mib,
+       (SELECT count(*) FROM jobs) AS jobs"""
+
+
+@contextlib.asynccontextmanager
+async def bulk_load(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """Rows written into `jobs` inside this block are indexed afterwards,
+    each index (the primary key too) built once with room to sort in, as a
+    restore does: minutes saved at millions of rows against inserting into
+    them row by row. The insert trigger is off meanwhile: nobody listens,
+    and it would keep every new row in a transition table to announce them."""
+    await conn.execute("SET maintenance_work_mem = '512MB'")
+    indexes = await conn.fetch("SELECT indexname, indexdef FROM pg_indexes "
+                               "WHERE tablename = 'jobs' AND indexname <> 'pk_jobs'")
+    for index in indexes:
+        await conn.execute(f'DROP INDEX "{index["indexname"]}"')
+    await conn.execute("ALTER TABLE jobs DROP CONSTRAINT pk_jobs")
+    await conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_notify_insert")
+    yield
+    await conn.execute("ALTER TABLE jobs ENABLE TRIGGER jobs_notify_insert")
+    await conn.execute("ALTER TABLE jobs ADD CONSTRAINT pk_jobs PRIMARY KEY (id)")
+    for index in indexes:
+        await conn.execute(index["indexdef"])
+
+
+async def build(url: str, *, finished: int, waiting: int, days: float = 7.0,
+                failed_share: float = 0.01) -> dict[str, Any]:
+    """Replace the jobs of `url` with `finished` finished jobs and `waiting`
+    waiting ones of the backlog, in one statement each (`bulk_load`)."""
+    async with connected(url) as conn:
+        await conn.execute("TRUNCATE jobs")
+        started = time.monotonic()
+        async with bulk_load(conn):
+            await conn.execute("""
+                INSERT INTO jobs (job_type, payload, queue, status, created_at, started_at,
+                                  completed_at, run_at, error_message, worker_id)
+                SELECT 'job_' || (i % 5), jsonb_build_object('n', i), 'default',
+                       CASE WHEN i % $2 = 0 THEN 'failed' ELSE 'completed' END,
+                       at - interval '2 ms', at - interval '1 ms', at, at - interval '2 ms',
+                       CASE WHEN i % $2 = 0 THEN 'RuntimeError: boom' END, 1
+                FROM generate_series(1, $1) AS i,
+                     LATERAL (SELECT now() - $3 * interval '1 day' * (1 - i::float8 / $1)
+                              AS at) t
+                """, finished, max(1, round(1 / failed_share)) if failed_share else finished + 1,
+                days)
+            await conn.execute("""
+                INSERT INTO jobs (job_type, payload, queue, run_at)
+                SELECT 'other_' || (i % $2), '{}', 'svc' || (i % $3),
+                       now() - interval '1 hour' + i * interval '1 ms'
+                FROM generate_series(1, $1) AS i""", waiting, BACKLOG_TYPES, BACKLOG_QUEUES)
+        await conn.execute("VACUUM ANALYZE jobs")
+        row = dict(await conn.fetchrow(_SIZES) or {})
+    return {"finished": finished, "waiting": waiting, "build_s": time.monotonic() - started,
+            **{k: float(v) for k, v in row.items()}}
+
+
+async def _timed(step: Callable[[], Awaitable[Any]], repeat: int) -> tuple[float, Any]:
+    """The median of `repeat` runs of `step`, in ms, and its last result."""
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = await step()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times), result
+
+
+async def operator_reads(url: str, *, repeat: int = 3) -> list[dict[str, Any]]:
+    """Each read an operator's tools make, the median of `repeat` in ms:
+    through the API and the dashboard in this process (the time is the
+    server's answer, nearly all of it the database's), `jobqueue status`'s
+    summary on one connection, and the `jobqueue status` command as a
+    user runs it (its process start included)."""
+    rows: list[dict[str, Any]] = []
+    app = create_app(url, token=None)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                               base_url="http://localhost")
+
+    async def get(path: str) -> httpx.Response:
+        return await client.get(path)
+
+    def row(read: str, ms: float, answer: str) -> None:
+        rows.append({"read": read, "ms": ms, "answer": answer})
+
+    try:
+        await get("/queues")  # the engine's first connection, not a read
+        for read, path in (("GET /metrics", "/metrics"), ("GET /queues", "/queues"),
+                           ("dashboard overview", "/"),
+                           ("dashboard live refresh", "/dashboard/overview"),
+                           ("GET /jobs, first page", "/jobs"),
+                           ("GET /jobs?status=failed", "/jobs?status=failed")):
+            ms, answer = await _timed(functools.partial(get, path), repeat)
+            row(read, ms, str(answer.status_code))
+        deep = "/jobs"
+        for _ in range(10):  # ten pages down, by the cursor each page gives
+            page = (await get(deep)).json()
+            if not page.get("next"):
+                break
+            deep = f"/jobs?before={page['next']}"
+        ms, answer = await _timed(lambda: get(deep), repeat)
+        row("GET /jobs, 11th page", ms, str(answer.status_code))
+    finally:
+        await client.aclose()
+        await app.state.jobqueue_engine.dispose()
+    async with connected(url) as conn:
+        ms, _ = await _timed(lambda: status.queue_summary(conn), repeat)
+        row("jobqueue status, its summary", ms, "read")
+    env = {**os.environ, "DATABASE_URL": url}
+
+    async def command() -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "jobqueue", "status"], env=env,
+            capture_output=True, text=True, timeout=600)
+
+    ms, done = await _timed(command, repeat)
+    row("jobqueue status (the command)", ms, f"exit {done.returncode}")
+    return rows
+
+
+async def drain_beside(url: str, *, n: int, flags: tuple[str, ...] = (),
+                       timeout: float = 900.0) -> dict[str, Any]:
+    """`n` no-op jobs of our own, in queue `default`, drained by one
+    `jobqueue worker` with `flags` (none: the README's defaults) beside
+    whatever else waits; jobs/s from its first start to its last completion
+    on the database's clock. The backlog is left as it was."""
+    log = Path(tempfile.mkdtemp(prefix="jobqueue-scale-")) / "worker.log"
+    async with connected(url) as conn:
+        await conn.execute("DELETE FROM jobs WHERE job_type = 'noop'")
+        await conn.execute("INSERT INTO jobs (job_type, payload) "
+                           "SELECT 'noop', '{}' FROM generate_series(1, $1)", n)
+        await conn.execute("VACUUM ANALYZE jobs")
+        before = await conn.fetchval("SELECT autovacuum_count FROM pg_stat_user_tables "
+                                     "WHERE relid = 'jobs'::regclass")
+        worker = WorkerProcess(url, log, *worker_argv("noop", *flags))
+        try:
+            await wait_for(lambda: conn.fetchval(
+                "SELECT count(*) = $1 FROM jobs WHERE job_type = 'noop' "
+                "AND status = 'completed'", n), timeout=timeout, interval=0.05,
+                message="our jobs drained")
+            worker.signal(signal.SIGTERM)
+            await worker.wait(60)
+        finally:
+            worker.close()
+        row = await conn.fetchrow(
+            "SELECT extract(epoch FROM max(completed_at) - min(started_at)) AS seconds,"
+            " (SELECT autovacuum_count FROM pg_stat_user_tables"
+            "  WHERE relid = 'jobs'::regclass) AS autovacuums,"
+            " (SELECT count(*) FROM jobs WHERE job_type <> 'noop'"
+            "  AND status IN ('pending', 'retrying')) AS backlog"
+            " FROM jobs WHERE job_type = 'noop'")
+    assert row is not None
+    seconds = float(row["seconds"])
+    return {"n": n, "flags": " ".join(flags) or "(defaults)", "seconds": seconds,
+            "jobs_per_sec": n / seconds, "autovacuums": row["autovacuums"] - before,
+            "backlog_left": row["backlog"]}

@@ -1,0 +1,34 @@
+"""The scale benchmark at toy size: the table it builds, every read it
+times answering, and a drain beside the backlog that leaves it untouched."""
+
+from __future__ import annotations
+
+from jobqueue.benchmarks import scale, scenarios
+
+
+async def test_the_table_holds_what_was_asked_and_every_read_answers(bench_url: str) -> None:
+    built = await scale.build(bench_url, finished=400, waiting=70, failed_share=0.25)
+    assert built["jobs"] == 470
+    async with scenarios.connected(bench_url) as conn:
+        counts = dict(await conn.fetch("SELECT status, count(*) FROM jobs GROUP BY status"))
+        span = await conn.fetchval("SELECT extract(epoch FROM max(completed_at) "
+                                   "- min(completed_at)) / 86400 FROM jobs")
+        queues = await conn.fetchval("SELECT count(DISTINCT queue) FROM jobs "
+                                     "WHERE status = 'pending'")
+        indexes = await conn.fetchval("SELECT count(*) FROM pg_indexes WHERE tablename = 'jobs'")
+    assert counts == {"completed": 300, "failed": 100, "pending": 70}
+    assert 6.9 < span <= 7.0 and queues == scale.BACKLOG_QUEUES
+    assert indexes >= 8  # every index rebuilt after the rows
+
+    reads = await scale.operator_reads(bench_url, repeat=1)
+    assert {r["read"] for r in reads} >= {"GET /metrics", "GET /queues", "dashboard overview",
+                                          "GET /jobs, 11th page", "jobqueue status (the command)"}
+    assert {r["answer"] for r in reads} <= {"200", "read", "exit 0"}, reads
+    assert all(r["ms"] > 0 for r in reads)
+
+
+async def test_a_drain_beside_the_backlog_leaves_it_waiting(bench_url: str) -> None:
+    await scale.build(bench_url, finished=10, waiting=50)
+    row = await scale.drain_beside(bench_url, n=30, flags=("--queues", "default"))
+    assert row["n"] == 30 and row["jobs_per_sec"] > 0
+    assert row["backlog_left"] == 50 and row["flags"] == "--queues default"
