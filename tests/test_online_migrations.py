@@ -2,18 +2,16 @@
 the whole time, from every earlier revision to the newest.
 
 The load is plain SQL that every revision accepts (an insert, a claim with
-SKIP LOCKED and an update): what the workers and producers of an earlier
-release do to the table, whichever release that was.
+SKIP LOCKED and an update, `scale.Traffic`): what the workers and producers
+of an earlier release do to the table, whichever release that was.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -21,6 +19,7 @@ import pytest
 from alembic.script import ScriptDirectory
 
 from jobqueue import db
+from jobqueue.benchmarks import scale
 from jobqueue.schema import REVISION, migrations
 from jobqueue.testing import WorkerProcess, wait_for
 from tests.conftest import ROOT
@@ -33,58 +32,6 @@ ROWS = 20_000
 
 def test_the_code_runs_on_the_newest_revision() -> None:
     assert REVISION == HEAD
-
-
-@dataclass
-class Load:
-    """Producers and a worker of an earlier release, as SQL."""
-
-    url: str
-    enqueued: int = 0
-    completed: int = 0
-    errors: list[str] = field(default_factory=list)
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def enqueue(self) -> None:
-        conn = await db.connect(self.url)
-        try:
-            while not self.stop.is_set():
-                await conn.execute("INSERT INTO jobs (job_type, payload) VALUES ('noop', '{}')")
-                self.enqueued += 1
-                await asyncio.sleep(0.002)
-        except Exception as exc:  # what a producer would have seen
-            self.errors.append(f"enqueue: {exc!r}")
-        finally:
-            await conn.close()
-
-    async def work(self) -> None:
-        conn = await db.connect(self.url)
-        try:
-            while not self.stop.is_set():
-                async with conn.transaction():
-                    ids = await conn.fetch(
-                        "SELECT id FROM jobs WHERE status = 'pending' ORDER BY run_at "
-                        "LIMIT 20 FOR UPDATE SKIP LOCKED")
-                    await conn.execute(
-                        "UPDATE jobs SET status = 'completed', completed_at = now() "
-                        "WHERE id = ANY($1::uuid[])", [r["id"] for r in ids])
-                self.completed += len(ids)
-                await asyncio.sleep(0.005)
-        except Exception as exc:
-            self.errors.append(f"work: {exc!r}")
-        finally:
-            await conn.close()
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Load]:
-        tasks = [asyncio.create_task(self.enqueue()), asyncio.create_task(self.work())]
-        await wait_for(lambda: self.enqueued > 0 and self.completed > 0, timeout=10,
-                       message="the load to run")
-        try:
-            yield self
-        finally:
-            self.stop.set()
-            await asyncio.gather(*tasks)
 
 
 @pytest.fixture
@@ -114,7 +61,7 @@ async def test_migrating_from_every_revision_while_jobs_come_and_go(
 ) -> None:
     conn = await _at(old_url, start)
     try:
-        load = Load(old_url)
+        load = scale.Traffic(old_url, rate=500, claim=scale.CLAIM_ANY_QUEUE)
         async with load.running():
             before = load.completed
             await migrations.upgrade(old_url)

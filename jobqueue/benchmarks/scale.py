@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import signal
 import statistics
@@ -25,13 +26,14 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 
-from jobqueue.benchmarks.scenarios import connected, worker_argv
+from jobqueue.benchmarks.scenarios import connected, quantile, worker_argv
 from jobqueue.ops import status
 from jobqueue.ops.api import SHARED_TTL, create_app
 from jobqueue.testing import WorkerProcess, wait_for
@@ -204,3 +206,108 @@ async def drain_beside(url: str, *, n: int, flags: tuple[str, ...] = (),
     return {"n": n, "flags": " ".join(flags) or "(defaults)", "seconds": seconds,
             "jobs_per_sec": n / seconds, "autovacuums": row["autovacuums"] - before,
             "backlog_left": row["backlog"]}
+
+
+#: How a worker of an earlier release claims, in SQL: from queue `default`
+#: by its claim index since revision 0004; by due time alone, which every
+#: revision accepts (on a small table: with no index in that order since
+#: 0004, it sorts every waiting job).
+CLAIM_BY_QUEUE = ("SELECT id FROM jobs WHERE queue = 'default' "
+                  "AND status IN ('pending', 'retrying') AND run_at <= now() "
+                  "ORDER BY priority DESC, run_at LIMIT 20 FOR UPDATE SKIP LOCKED")
+CLAIM_ANY_QUEUE = ("SELECT id FROM jobs WHERE status = 'pending' ORDER BY run_at "
+                   "LIMIT 20 FOR UPDATE SKIP LOCKED")
+
+
+@dataclass
+class Traffic:
+    """A queue in use, as any release's producers and workers use it, in
+    SQL every revision accepts: one job inserted every `1 / rate` s (each
+    insert timed, from the moment it was due to go), and a worker of an
+    earlier release claiming jobs with `SKIP LOCKED` (`claim`) and
+    completing them, 20 at a time. What a migration must not disturb."""
+
+    url: str
+    rate: float = 500.0
+    claim: str = CLAIM_BY_QUEUE
+    enqueued: int = 0
+    completed: int = 0
+    insert_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def enqueue(self) -> None:
+        async with connected(self.url) as conn:
+            due = time.perf_counter()
+            try:
+                while not self.stop.is_set():
+                    await conn.execute(
+                        "INSERT INTO jobs (job_type, payload) VALUES ('noop', '{}')")
+                    self.insert_ms.append((time.perf_counter() - due) * 1000)
+                    self.enqueued += 1
+                    due += 1 / self.rate
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    due = max(due, time.perf_counter() - 1 / self.rate)  # no catching up
+            except Exception as exc:  # what a producer would have seen
+                self.errors.append(f"enqueue: {exc!r}")
+
+    async def work(self) -> None:
+        async with connected(self.url) as conn:
+            try:
+                while not self.stop.is_set():
+                    async with conn.transaction():
+                        ids = await conn.fetch(self.claim)
+                        await conn.execute(
+                            "UPDATE jobs SET status = 'completed', completed_at = now() "
+                            "WHERE id = ANY($1::uuid[])", [r["id"] for r in ids])
+                    self.completed += len(ids)
+                    await asyncio.sleep(0.005)
+            except Exception as exc:
+                self.errors.append(f"work: {exc!r}")
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Traffic]:
+        tasks = [asyncio.create_task(self.enqueue()), asyncio.create_task(self.work())]
+        await wait_for(lambda: self.enqueued > 0 and self.completed > 0, timeout=30,
+                       message="the traffic to flow")
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            await asyncio.gather(*tasks)
+
+
+class _Retries(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += getattr(record, "event", None) == "migration_retry"
+
+
+async def migrate_under_traffic(url: str, *, rate: float = 500.0) -> dict[str, Any]:
+    """`jobqueue migrate` to the newest revision on `url` (built at an older
+    one) while `Traffic` runs: how long it took, how many times a revision
+    gave up on a lock and was tried again, and what the producer saw."""
+    from jobqueue.schema import migrations
+
+    before = await migrations.current(url)
+    retries = _Retries()
+    logging.getLogger("jobqueue.migrations").addHandler(retries)
+    traffic = Traffic(url, rate=rate)
+    try:
+        async with traffic.running():
+            completed = traffic.completed
+            started = time.monotonic()
+            await migrations.upgrade(url)
+            seconds = time.monotonic() - started
+            worked = traffic.completed - completed
+    finally:
+        logging.getLogger("jobqueue.migrations").removeHandler(retries)
+    inserts = sorted(traffic.insert_ms)
+    return {"from": before, "to": await migrations.current(url), "seconds": seconds,
+            "retries": retries.count, "rate": rate, "inserts": len(inserts),
+            "insert_p50_ms": quantile(inserts, 0.5), "insert_p99_ms": quantile(inserts, 0.99),
+            "insert_max_ms": inserts[-1], "completed_meanwhile": worked,
+            "errors": "; ".join(traffic.errors)}

@@ -91,13 +91,13 @@ async def connected(url: str) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
-async def open_bench(name: str) -> str:
-    """A fresh migrated database `jobqueue_bench_<name>` with the tables the
-    handlers write; its URL. Pair with `close_bench(name)`."""
+async def open_bench(name: str, revision: str = "head") -> str:
+    """A fresh database `jobqueue_bench_<name>` migrated to `revision`, with
+    the tables the handlers write; its URL. Pair with `close_bench(name)`."""
     server = db.database_url(embedded.database_url())
     url = await db.create_database(server, check_bench_name(f"{LAB_DATABASE_PREFIX}{name}"),
                                    replace=True)
-    await migrations.upgrade(url)
+    await migrations.upgrade(url, revision)
     async with connected(url) as conn:
         await conn.execute(BENCH_TABLE)
         await create_demo_tables(conn)

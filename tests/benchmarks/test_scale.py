@@ -3,7 +3,10 @@ times answering, and a drain beside the backlog that leaves it untouched."""
 
 from __future__ import annotations
 
+import uuid
+
 from jobqueue.benchmarks import scale, scenarios
+from jobqueue.schema import REVISION
 
 
 async def test_the_table_holds_what_was_asked_and_every_read_answers(bench_url: str) -> None:
@@ -32,3 +35,17 @@ async def test_a_drain_beside_the_backlog_leaves_it_waiting(bench_url: str) -> N
     row = await scale.drain_beside(bench_url, n=30, flags=("--queues", "default"))
     assert row["n"] == 30 and row["jobs_per_sec"] > 0
     assert row["backlog_left"] == 50 and row["flags"] == "--queues default"
+
+
+async def test_a_migration_under_traffic_reaches_the_newest_revision_and_says_what_it_cost(
+        server_url: str) -> None:
+    name = f"t{uuid.uuid4().hex[:8]}"
+    url = await scenarios.open_bench(name, revision="0005")
+    try:
+        await scale.build(url, finished=300, waiting=50)
+        row = await scale.migrate_under_traffic(url, rate=200)
+    finally:
+        await scenarios.close_bench(name)
+    assert (row["from"], row["to"]) == ("0005", REVISION)
+    assert row["errors"] == "" and row["inserts"] > 0 and row["completed_meanwhile"] >= 0
+    assert 0 < row["insert_p50_ms"] <= row["insert_p99_ms"] <= row["insert_max_ms"]
