@@ -306,12 +306,44 @@ def _limits(results: Path) -> str:
     return "\n".join(lines)
 
 
+def _scale(results: Path) -> str:
+    """The queue at scale (`scale.ipynb`, `make bench-scale`): the table
+    built, the operator's reads on it, drains beside its backlog, and a
+    migration under traffic."""
+    built = load("scale_build", results)[0].iloc[0]
+    reads = load("scale_reads", results)[0]
+    drains = load("scale_drains", results)[0]
+    by = drains.groupby(["table", "flags"], sort=False)
+    drained = pd.DataFrame({
+        "jobs/s (median)": by["jobs_per_sec"].median(),
+        "÷ empty (median)": by["÷ empty"].median().map(
+            lambda x: "" if pd.isna(x) else f"{x:.2f}"),
+        "runs": by["run"].count(), "autovacuums": by["autovacuums"].sum()}).reset_index()
+    lines = ["## At scale: a week of history and another service's backlog", "",
+             f"`make bench-scale` (`notebooks/benchmarks/scale.ipynb`): {int(built['finished']):,} "
+             f"finished jobs and {int(built['waiting']):,} waiting of another service's types; "
+             f"the table came to {built['heap_mib']:,.0f} MiB of heap and "
+             f"{built['indexes_mib']:,.0f} MiB of indexes. {note('scale_build')}", "",
+             note("scale_reads"), "",
+             plots.markdown(reads.rename(columns={"ms": "ms (median)"}), ",.1f"), "",
+             note("scale_drains"), "",
+             plots.markdown(drained, ",.0f")]
+    if (results / "scale_migration.csv").exists():
+        migrated = load("scale_migration", results)[0].astype(object).fillna("").iloc[0]
+        for end in ("from", "to"):  # revisions: 0005, not 5
+            migrated[end] = f"{int(migrated[end]):04d}"
+        lines += ["", note("scale_migration"), "",
+                  plots.markdown(pd.DataFrame([migrated]), ",.1f")]
+    return "\n".join(lines)
+
+
 SECTIONS: dict[str, Callable[[Path], str]] = {
     "throughput_matrix": lambda results: _section(results, *(PARTS[name] for name in (
         "throughput", "table_size", "soak", "work", "routing", "sync"))),
     "latency": lambda results: _section(results, PARTS["latency"]),
     "recovery": lambda results: _section(results, PARTS["recovery"], PARTS["failover"]),
-    "comparison_drain": _peers, "pressure": _pressure, "ceiling": _ceiling}
+    "comparison_drain": _peers, "pressure": _pressure, "scale_reads": _scale,
+    "ceiling": _ceiling}
 
 
 # -- the headline table: jobqueue at its CLI defaults against each peer's best -------

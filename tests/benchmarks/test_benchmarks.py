@@ -322,3 +322,29 @@ async def test_open_loop_marks_its_warm_up(bench_url: str) -> None:
     assert len(warm) == 40 and 10 <= sum(warm) <= 14  # the jobs of the first 0.3 s
     assert warm[0] and not warm[-1] and summary["samples"] == 40 - sum(warm)
     assert summary["warmup_s"] == 0.3 and summary["jobs_per_commit"] >= 1
+
+
+def test_the_scale_section_renders_from_its_files_and_says_which_run(tmp_path: Path) -> None:
+    context = {"cpu": "test", "run": "R1", "commit": "c1"}
+    for name, rows in (
+            ("scale_build", [{"finished": 1000, "waiting": 100, "build_s": 1.0,
+                              "total_mib": 3.0, "heap_mib": 2.0, "indexes_mib": 1.0,
+                              "jobs": 1100}]),
+            ("scale_reads", [{"read": "GET /metrics", "ms": 2254.4, "answer": "200"}]),
+            ("scale_drains", [
+                {"n": 50, "flags": "(defaults)", "jobs_per_sec": 1000.0, "autovacuums": 0,
+                 "run": 1, "table": "nothing else", "÷ empty": None},
+                {"n": 50, "flags": "(defaults)", "jobs_per_sec": 800.0, "autovacuums": 1,
+                 "run": 1, "table": "built above", "÷ empty": 0.8}]),
+            ("scale_migration", [{"from": "0005", "to": "0010", "seconds": 7.9, "retries": 0,
+                                  "errors": None}])):
+        path = save(rows, name, context)
+        path.rename(tmp_path / path.name)
+    text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+    section = text[text.index("## At scale"):]
+    assert "**Not from the run above**: run" in section  # no run record: its own stamp
+    assert "1,000 finished jobs and 100 waiting" in section
+    assert "| GET /metrics | 2,254.4 | 200 |" in section
+    assert "| built above | (defaults) | 800 | 0.80 | 1 | 1 |" in section
+    assert "| 0005 | 0010 |" in section
+    assert report.note("scale_drains") in section
