@@ -309,9 +309,12 @@ def _before(text: str | None) -> datetime | None:
 
 # -- the routes ----------------------------------------------------------------------
 
+#: Seconds one reading of the overview serves every viewer (and its live refresh).
+OVERVIEW_TTL = 1.5
+
 
 def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
-                     cancel_wait: float = 2.0, overview_ttl: float = 1.5,
+                     cancel_wait: float = 2.0, overview_ttl: float = OVERVIEW_TTL,
                      throttle: Throttle | None = None,
                      read_timeout: float = READ_TIMEOUT,
                      routes: Shared[Routing] | None = None) -> APIRouter:
