@@ -452,7 +452,7 @@ async def test_list_filters_by_queue_and_shows_queue_and_priority(
 
 async def test_queues_pause_resume_and_limits(client: httpx.AsyncClient,
                                               conn: asyncpg.Connection) -> None:
-    assert (await client.get("/queues")).json() == {"queues": [], "unserved": []}
+    assert (await client.get("/queues")).json() == {"queues": [], "unserved": [], "estimated": []}
     await post_job(client, queue="mail")
     await post_job(client, queue="mail", run_at="2031-01-01T00:00:00+00:00")
 

@@ -24,6 +24,7 @@ import asyncpg
 import pytest
 
 from jobqueue import db
+from jobqueue.ops import routing
 from jobqueue.schema.models import PRIORITY_MAX
 from jobqueue.schema.queries import queries
 from tests.conftest import TEMPLATE
@@ -159,3 +160,47 @@ async def test_no_dashboard_page_reads_more_than_its_page(big: asyncpg.Connectio
         if name != "dashboard_series":
             assert plan["Actual Rows"] > 0, label  # the page had rows to find
     assert max(costs.values()) <= MOST_BUFFERS, costs
+
+
+#: The statements behind `jobqueue status`, `/metrics`, `/queues` and the
+#: overview's figures, with the values they bind.
+OPERATOR_READS: dict[str, dict[str, Any]] = {
+    "count_unfinished": {},
+    "count_finished_upto": {"cap": routing.EXACT_FINISHED + 1},
+    "estimate_finished": {},
+    "queue_health": {},
+    "recent_finished": {"window": 300.0},
+    "metrics_finished": {"window": 60.0, "neg_bounds": "{-1.0,-0.1,-0.01}"},
+    "metrics_failed_attempts": {"window": 300.0},
+    "recent_errors": {"window": 300.0, "limit": 5},
+}
+
+
+async def test_the_operators_counts_read_no_finished_job(big: asyncpg.Connection) -> None:
+    """Each reads what is unfinished, or finished within its window, through
+    an index; the million finished jobs cost it nothing (issue #34)."""
+    table_pages = await big.fetchval("SELECT relpages FROM pg_class WHERE relname = 'jobs'")
+    costs = {}
+    for name, values in OPERATOR_READS.items():
+        query = queries[name]
+        await big.execute(f"PREPARE reading AS {query.positional}")
+        try:
+            args = ", ".join(map(literal, query.args(values)))
+            plan = json.loads(await big.fetchval(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE reading"
+                + (f"({args})" if args else "")))[0]["Plan"]
+        finally:
+            await big.execute("DEALLOCATE reading")
+        assert not [n for n in nodes(plan) if n.get("Relation Name") == "jobs"
+                    and n["Node Type"] == "Seq Scan"], (name, json.dumps(plan)[:3000])
+        costs[name] = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    # the waiting jobs' index entries (48,000 here), never the table's pages
+    assert max(costs.values()) < table_pages / 20, (table_pages, costs)
+    # and what they read adds up to what the table holds
+    routes = await routing.read(big)
+    assert routes.estimated == routing.FINISHED
+    counts = routes.counts()
+    truth = dict(await big.fetch("SELECT status, count(*) FROM jobs GROUP BY status"))
+    assert {s: counts[s] for s in ("pending", "retrying", "processing")} == {
+        s: truth[s] for s in ("pending", "retrying", "processing")}
+    assert abs(counts["completed"] - truth["completed"]) < truth["completed"] * 0.02

@@ -301,7 +301,8 @@ async def test_jobs_no_live_worker_takes_are_counted_by_queue_and_type(
 
 
 async def test_without_waiting_jobs_nothing_is_unserved(conn: asyncpg.Connection) -> None:
-    await conn.execute("INSERT INTO jobs (job_type, status) VALUES ('a', 'completed')")
+    await conn.execute("INSERT INTO jobs (job_type, status, completed_at) "
+                       "VALUES ('a', 'completed', now())")
     summary = await report.queue_summary(conn, window=300)
     assert summary["unserved"] == [] and [q["queue"] for q in summary["queues"]] == ["default"]
     assert "no live worker" not in format_summary(summary)

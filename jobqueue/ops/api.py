@@ -365,6 +365,11 @@ class QueueList(BaseModel):
     queues: list[QueueInfo]
     unserved: list[Unserved] = Field(description="due jobs no live worker takes, "
                                                  "longest-waiting first")
+    estimated: list[JobStatus] = Field(
+        default_factory=list,
+        description="the statuses whose counts are estimates from PostgreSQL's statistics "
+                    "(finished jobs, once there are too many to count at every reading); "
+                    "the others are counted")
 
 
 class Limits(BaseModel):
@@ -752,7 +757,8 @@ def _add_queue_routes(r: APIRouter, Conn: Any,  # noqa: N803 - a type alias
     async def list_queues(conn: Conn) -> dict[str, Any]:
         async with bounded(conn, read_timeout):
             routes = await queue_list.get(conn)
-        return {"queues": routes.queues(), "unserved": routes.unserved()}
+        return {"queues": routes.queues(), "unserved": routes.unserved(),
+                "estimated": list(routes.estimated)}
 
     @r.post("/queues/{name}/pause", response_model=QueueSettings, name="jobqueue_pause_queue",
             summary="Pause a queue on every worker",

@@ -393,7 +393,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 routes = await routing.read(conn)
             finally:
                 await conn.close()
-            return {"queues": routes.queues(), "unserved": routes.unserved()}
+            return {"queues": routes.queues(), "unserved": routes.unserved(),
+                    "estimated": list(routes.estimated)}
 
         found = asyncio.run(read())
         print(json.dumps(found, indent=2) if args.json
@@ -484,9 +485,14 @@ def format_summary(s: dict[str, Any]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:g} ms"
 
+    estimated = s.get("estimated") or []
     lines = ["jobs by status"]
-    lines += [f"  {status:<11}{n:>10,}" for status, n in s["counts"].items()]
-    lines += [f"  {'total':<11}{s['total']:>10,}", ""]
+    lines += [f"  {status:<11}{_count(n, status in estimated, 11)}"
+              for status, n in s["counts"].items()]
+    lines += [f"  {'total':<11}{_count(s['total'], bool(estimated), 11)}"]
+    if estimated:
+        lines.append(ESTIMATED)
+    lines.append("")
     lines.append(f"last {s['window_seconds']:g} s")
     lines.append(f"  finished    {r['completed']:,} completed, {r['failed']:,} failed "
                  f"({r['throughput_per_sec']:g} jobs/s)")
@@ -506,7 +512,7 @@ def format_summary(s: dict[str, Any]) -> str:
                      + ("" if dead is None else f"; {dead:,} dead row versions in jobs"))
     lines.append("")
     if s.get("queues"):
-        lines += ["queues", *format_queues(s["queues"], indent="  ")]
+        lines += ["queues", *format_queues(s["queues"], estimated, indent="  ")]
         lines.append("")
     if s.get("unserved"):
         lines += format_unserved(s["unserved"])
@@ -529,8 +535,20 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:,.1f} s"
 
 
-def format_queues(queues: list[dict[str, Any]], indent: str = "") -> list[str]:
-    """A table of queues: jobs by status, oldest due, then paused and limits."""
+#: What a `~` before a count means.
+ESTIMATED = ("  ~ an estimate from PostgreSQL's statistics: too many finished jobs "
+             "to count them at every reading")
+
+
+def _count(n: int, estimated: bool, width: int) -> str:
+    return f"{('~' if estimated else '') + f'{n:,}':>{width}}"
+
+
+def format_queues(queues: list[dict[str, Any]], estimated: list[str] | None = None,
+                  indent: str = "") -> list[str]:
+    """A table of queues: jobs by status, oldest due, then paused and limits;
+    `~` marks the statuses whose counts are estimates."""
+    estimated = estimated or []
     width = max(5, *(len(q["queue"]) for q in queues))
     lines = [f"{indent}{'queue':<{width}}  {'pending':>9} {'retrying':>9} {'running':>9} "
              f"{'completed':>10} {'failed':>9}  {'oldest due':>10}  settings"]
@@ -541,7 +559,9 @@ def format_queues(queues: list[dict[str, Any]], indent: str = "") -> list[str]:
             + ([f"concurrency {q['concurrency']}"] if q["concurrency"] is not None else [])
             + ([f"rate {q['rate']}"] if q["rate"] is not None else [])) or "-"
         lines.append(f"{indent}{q['queue']:<{width}}  {c['pending']:>9,} {c['retrying']:>9,} "
-                     f"{c['processing']:>9,} {c['completed']:>10,} {c['failed']:>9,}  "
+                     f"{c['processing']:>9,} "
+                     f"{_count(c['completed'], 'completed' in estimated, 10)} "
+                     f"{_count(c['failed'], 'failed' in estimated, 9)}  "
                      f"{_age(q['oldest_due_age_seconds']):>10}  {settings}")
     return lines
 
@@ -558,7 +578,10 @@ def format_unserved(unserved: list[dict[str, Any]]) -> list[str]:
 def format_queue_list(found: dict[str, Any]) -> str:
     if not found["queues"]:
         return "no queues yet (no jobs, nothing paused or limited)"
-    lines = format_queues(found["queues"])
+    estimated = found.get("estimated") or []
+    lines = format_queues(found["queues"], estimated)
+    if estimated:
+        lines.append(ESTIMATED)
     if found["unserved"]:
         lines += ["", *format_unserved(found["unserved"])]
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 The process that serves `/metrics` is usually not the worker (the worker may
 run elsewhere, or be a standby), so nothing is counted in memory: each scrape
-runs a handful of queries (`queries.sql`: `metrics_jobs`, `queue_settings`,
+runs a handful of queries (`queries.sql`: those of `routing.read`, `queue_settings`,
 `workers`, `queue_health`, `horizon`, `metrics_finished`, `metrics_failed_attempts`) and
 reports what the tables say. Figures about recent work cover a fixed window of the last
 `WINDOW_SECONDS` (60 s), exported as `jobqueue_recent_window_seconds`.
@@ -10,7 +10,13 @@ reports what the tables say. Figures about recent work cover a fixed window of t
 Gauges:
 
 - `jobqueue_jobs{status, queue, job_type}`: jobs in each state (every state
-  of every queue and type present, zeros included).
+  of every queue and type present, zeros included). Unfinished jobs are
+  counted; finished ones (`completed`, `failed`) too while there are up to
+  `routing.EXACT_FINISHED` of them, and past that estimated from
+  PostgreSQL's statistics (a finished status too rare in its sample to be
+  told by queue and type shows with `queue=""`);
+  `jobqueue_jobs_estimated{status}` is 1 for a status whose figures are
+  estimates, 0 for one counted.
 
 Every `job_type` label names one of the `MAX_JOB_TYPES` (100) types with
 most jobs; the others are summed under `job_type="(other types)"`, so a
@@ -134,12 +140,12 @@ class Snapshot:
 
 async def snapshot(conn: AsyncConnection | AsyncSession, window: float = WINDOW_SECONDS,
                    routes: Routing | None = None) -> Snapshot:
-    """Read everything the metrics report, in six queries (five with
+    """Read everything the metrics report, in a handful of queries (one fewer with
     `routes`, a reading of `routing.read` made already)."""
     snap = Snapshot(window=window,
                     routing=await routing.read(conn) if routes is None else routes)
     health = (await conn.execute(queries["queue_health"].text)).one()
-    snap.oldest_pending_age = max(float(health.oldest_pending_age or 0), 0.0)
+    snap.oldest_pending_age = snap.routing.oldest_due_age() or 0.0
     snap.live_tuples = int(health.live_tuples or 0)
     snap.dead_tuples = int(health.dead_tuples or 0)
     snap.last_autovacuum = float(health.last_autovacuum or 0)
@@ -180,7 +186,7 @@ def _labeller(snap: Snapshot) -> Callable[[str], str]:
     (waiting, running, finished, recent), else `OTHER_TYPES`."""
     weight: dict[str, int] = defaultdict(int)
     for g in snap.routing.groups:
-        weight[g.job_type] += g.n
+        weight[g.job_type or OTHER_TYPES] += g.n
     for counts in (snap.completed, snap.failed, snap.failed_attempts):
         for job_type, n in counts.items():
             weight[job_type] += n
@@ -218,20 +224,28 @@ class QueueCollector(Collector):
         s = self.snap
         groups = s.routing.groups
         label = self.label
-        types = sorted({label(t) for t in {g.job_type for g in groups} | set(s.completed)
-                        | set(s.failed) | set(s.failed_attempts)})
+        types = sorted({label(g.job_type or OTHER_TYPES) for g in groups} | {
+            label(t) for t in (*s.completed, *s.failed, *s.failed_attempts)})
 
-        jobs = GaugeMetricFamily("jobqueue_jobs", "Jobs in each state, by queue and type.",
+        jobs = GaugeMetricFamily("jobqueue_jobs", "Jobs in each state, by queue and type "
+                                 "(estimates where jobqueue_jobs_estimated says so).",
                                  labels=["status", "queue", "job_type"])
         counts: dict[tuple[str, str, str], int] = defaultdict(int)
         for g in groups:
-            counts[g.status, g.queue, label(g.job_type)] += g.n
+            counts[g.status, g.queue or "", label(g.job_type or OTHER_TYPES)] += g.n
         # Every state of every (queue, type) present, zeros included.
-        for queue, job_type in sorted({(g.queue, label(g.job_type)) for g in groups}):
+        for queue, job_type in sorted({(q, t) for _, q, t in counts}):
             for status in STATUS_VALUES:
                 jobs.add_metric([status, queue, job_type],
                                 counts.get((status, queue, job_type), 0))
         yield jobs
+        estimated = GaugeMetricFamily("jobqueue_jobs_estimated",
+                                      "1 for a status whose jobqueue_jobs figures are "
+                                      "estimates from PostgreSQL's statistics, 0 if counted.",
+                                      labels=["status"])
+        for status in STATUS_VALUES:
+            estimated.add_metric([status], int(status in s.routing.estimated))
+        yield estimated
         yield from self._queues()
 
         yield _gauge("jobqueue_oldest_pending_age_seconds",
@@ -296,7 +310,8 @@ class QueueCollector(Collector):
             "Most jobs of the queue started per second, fleet-wide (queues with a rate "
             "limit only; a limit per minute or hour divided down).", labels=["queue"])
         settings = self.snap.routing.settings
-        for queue in sorted({g.queue for g in self.snap.routing.groups} | set(settings)):
+        for queue in sorted({g.queue for g in self.snap.routing.groups if g.queue is not None}
+                            | set(settings)):
             q = settings.get(queue, Settings())
             paused.add_metric([queue], 1 if q.paused else 0)
             if q.concurrency is not None:
@@ -322,8 +337,8 @@ class QueueCollector(Collector):
             count_age = found.setdefault((u["queue"], label(u["job_type"])), [0, 0.0])
             count_age[0] += u["count"]
             count_age[1] = max(count_age[1], u["oldest_due_age_seconds"])
-        for key in sorted({(g.queue, label(g.job_type))
-                           for g in self.snap.routing.groups if g.due}):
+        for key in sorted({(g.queue, label(g.job_type)) for g in self.snap.routing.groups
+                           if g.due and g.queue is not None and g.job_type is not None}):
             count, age = found.get(key, [0, 0.0])
             unserved.add_metric(list(key), count)
             oldest.add_metric(list(key), age)

@@ -8,10 +8,17 @@ covers waits without any error: a type only the next release knows, a queue
 no worker was started for. `jobqueue status`, `jobqueue queue list`, `GET
 /queues` and `/metrics` read it all from here, so they agree.
 
-Everything comes from one pass over the jobs table (`metrics_jobs`, grouped
-by status, queue and type) and the two small tables `jobqueue_queues` and
-`jobqueue_workers`; the matching of due jobs against the workers' rows is
-done here, in Python, because there are only ever a handful of workers.
+The counts never pass over the table's history (issue #34). Unfinished
+jobs are counted exactly from the indexes that hold only them
+(`count_unfinished`): the cost grows with what waits and runs, not with
+what finished. Finished jobs are counted too while there are few (up to
+`EXACT_FINISHED`); past that, they are estimated from PostgreSQL's
+statistics (`estimate_finished`), and `Routing.estimated` names the
+statuses whose figures are estimates, so that every surface can say so.
+The settings and the workers come from the two small tables
+`jobqueue_queues` and `jobqueue_workers`; the matching of due jobs against
+the workers' rows is done here, in Python, because there are only ever a
+handful of workers.
 """
 
 from __future__ import annotations
@@ -38,17 +45,22 @@ HEARTBEAT_FRESH = 10.0
 WORKING_STATES = ("active", "shared")
 WAITING = held.WAITING
 RUNNING = held.RUNNING
+FINISHED = ("completed", "failed")
+#: Finished jobs are counted exactly up to this many (a pass over them all,
+#: a few ms per ten thousand); past it, they are estimated.
+EXACT_FINISHED = 50_000
 
 Conn: TypeAlias = asyncpg.Connection | AsyncConnection | AsyncSession
 
 
 @dataclass(frozen=True)
 class Group:
-    """Jobs of one status, queue and type (a `metrics_jobs` row)."""
+    """Jobs of one status, queue and type. An estimate of finished jobs too
+    rare in PostgreSQL's sample to be told by queue and type has neither."""
 
     status: str
-    queue: str
-    job_type: str
+    queue: str | None
+    job_type: str | None
     n: int
     due: int = 0  # of the waiting ones: due now
     oldest_due_age: float | None = None  # seconds the earliest due one has been due
@@ -70,6 +82,8 @@ class Routing:
     groups: list[Group] = field(default_factory=list)
     settings: dict[str, Settings] = field(default_factory=dict)
     workers: list[dict[str, Any]] = field(default_factory=list)
+    #: The statuses whose counts are estimates, not counts.
+    estimated: tuple[str, ...] = ()
 
     def counts(self) -> dict[str, int]:
         """Jobs by status, every status present."""
@@ -80,10 +94,13 @@ class Routing:
 
     def queues(self) -> list[dict[str, Any]]:
         """Each queue that has jobs or settings, by name, JSON-ready."""
-        names = sorted({g.queue for g in self.groups} | set(self.settings))
+        names = sorted({g.queue for g in self.groups if g.queue is not None}
+                       | set(self.settings))
         counts: dict[str, dict[str, int]] = {q: dict.fromkeys(STATUS_VALUES, 0) for q in names}
         oldest: dict[str, float] = {}
         for g in self.groups:
+            if g.queue is None:
+                continue
             counts[g.queue][g.status] += g.n
             if g.oldest_due_age is not None:
                 oldest[g.queue] = max(oldest.get(g.queue, g.oldest_due_age), g.oldest_due_age)
@@ -91,14 +108,20 @@ class Routing:
                  "oldest_due_age_seconds": _seconds(oldest.get(q)),
                  **settings_dict(self.settings.get(q, Settings()))} for q in names]
 
+    def oldest_due_age(self) -> float | None:
+        """Seconds the longest-waiting due job has been due; None: none is due."""
+        ages = [g.oldest_due_age for g in self.groups if g.oldest_due_age is not None]
+        return _seconds(max(ages)) if ages else None
+
     def unserved(self, fresh: float = HEARTBEAT_FRESH) -> list[dict[str, Any]]:
         """Due waiting jobs that no live worker takes, by queue and type,
         longest-waiting first, JSON-ready."""
         takers = live_workers(self.workers, fresh)
         found: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, None])
         for g in self.groups:
-            if g.status in WAITING and g.due and not any(takes(w, g.queue, g.job_type)
-                                                         for w in takers):
+            if g.queue is None or g.job_type is None or g.status not in WAITING or not g.due:
+                continue
+            if not any(takes(w, g.queue, g.job_type) for w in takers):
                 entry = found[(g.queue, g.job_type)]
                 entry[0] += g.due
                 entry[1] = max(entry[1] or 0.0, g.oldest_due_age or 0.0)
@@ -141,12 +164,42 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None else round(max(float(value), 0.0), 3)
 
 
-def _group(row: Mapping[str, Any]) -> Group:
-    """A `metrics_jobs` row; its due figures count for waiting jobs only."""
-    if row["status"] not in WAITING or not row["due"]:
-        return Group(row["status"], row["queue"], row["job_type"], int(row["n"]))
-    return Group(row["status"], row["queue"], row["job_type"], int(row["n"]), int(row["due"]),
-                 row["oldest_age"])
+def _unfinished(rows: list[dict[str, Any]]) -> list[Group]:
+    """`count_unfinished`'s rows as groups: pending is waiting minus
+    retrying; the due figures count for waiting jobs only."""
+    by_key = {(r["status"], r["queue"], r["job_type"]): r for r in rows}
+    groups = []
+    for (status, queue, job_type), r in by_key.items():
+        if status == "waiting":
+            retrying = by_key.get(("retrying", queue, job_type), {"n": 0, "due": 0})
+            r = {**r, "n": r["n"] - retrying["n"], "due": r["due"] - retrying["due"]}
+            status = "pending"
+            if not r["n"]:
+                continue
+        due = int(r["due"]) if status in WAITING else 0
+        groups.append(Group(status, queue, job_type, int(r["n"]), due,
+                            r["oldest_age"] if due else None))
+    return groups
+
+
+async def read_finished(conn: Conn, exact_upto: int = EXACT_FINISHED
+                        ) -> tuple[list[Group], bool]:
+    """The finished jobs by status, queue and type, and whether the figures
+    are estimates: counted while there are no more than `exact_upto`, else
+    estimated (counted after all where PostgreSQL has no statistics yet)."""
+    if await _scalar(conn, "count_finished_upto", cap=exact_upto + 1) <= exact_upto:
+        rows, estimated = await queries["count_finished"].rows(conn), False
+    else:
+        rows = await queries["estimate_finished"].rows(conn)
+        estimated = bool(rows)
+        if not estimated:
+            rows = await queries["count_finished"].rows(conn)
+    return [Group(r["status"], r["queue"], r["job_type"], int(r["n"])) for r in rows
+            if r["n"]], estimated
+
+
+async def _scalar(conn: Conn, name: str, **values: Any) -> int:
+    return int(next(iter((await queries[name].rows(conn, **values))[0].values())))
 
 
 async def read_settings(conn: Conn) -> dict[str, Settings]:
@@ -177,13 +230,15 @@ def regroup(groups: list[Group], moved: Counter[tuple[str, str, str]]) -> list[G
     return list(by_key.values())
 
 
-async def read(conn: Conn) -> Routing:
-    """Read what the surfaces show: four statements, one pass over `jobs`,
-    and the jobs quick batches hold counted running (`held`)."""
-    groups = [_group(r) for r in await queries["metrics_jobs"].rows(conn)]
-    groups = regroup(groups, (await held.read(conn)).moved())
-    return Routing(groups, await read_settings(conn), await queries["workers"].rows(conn))
+async def read(conn: Conn, exact_finished: int = EXACT_FINISHED) -> Routing:
+    """Read what the surfaces show, with the jobs quick batches hold counted
+    running (`held`); finished jobs estimated past `exact_finished`."""
+    groups = _unfinished(await queries["count_unfinished"].rows(conn))
+    finished, estimated = await read_finished(conn, exact_finished)
+    groups = regroup(groups + finished, (await held.read(conn)).moved())
+    return Routing(groups, await read_settings(conn), await queries["workers"].rows(conn),
+                   FINISHED if estimated else ())
 
 
-__all__ = ["HEARTBEAT_FRESH", "Group", "Routing", "Settings", "live_workers",
-           "read", "read_settings", "settings_dict", "settings_line", "takes"]
+__all__ = ["EXACT_FINISHED", "HEARTBEAT_FRESH", "Group", "Routing", "Settings", "live_workers",
+           "read", "read_finished", "read_settings", "settings_dict", "settings_line", "takes"]

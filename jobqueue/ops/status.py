@@ -1,7 +1,8 @@
 """What the queue looks like right now, read from the database.
 
 Used by `jobqueue status` (and by anything else that wants the same figures):
-counts by status, and throughput, latency and error rate of the last minutes,
+counts by status (the finished ones estimated past `routing.EXACT_FINISHED`),
+and throughput, latency and error rate of the last minutes,
 the most frequent recent errors and how long the oldest due job has waited,
 all computed by PostgreSQL from the jobs table itself; each queue's counts
 and settings, and the due jobs no live worker takes (`routing`), which is
@@ -42,18 +43,20 @@ async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict
     routes = await routing.read(conn)
     counts = routes.counts()
     recent = await queries["recent_finished"].fetchrow(conn, window=window)
-    failed_attempts = await queries["recent_failed_attempts"].fetchval(conn, window=window)
+    failed_attempts = sum(r["failed_attempts"] for r in await queries[
+        "metrics_failed_attempts"].fetch(conn, window=window))
     workers = routes.workers
     errors = await queries["recent_errors"].fetch(conn, window=window, limit=TOP_ERRORS)
     health = await queries["queue_health"].fetchrow(conn)
     holder = await horizon.oldest(conn)
     assert recent is not None and health is not None
-    oldest = health["oldest_pending_age"]
     attempts = recent["completed"] + failed_attempts
     return {
         "counts": counts,
         "total": sum(counts.values()),
-        "oldest_pending_age_seconds": None if oldest is None else round(float(oldest), 3),
+        # The statuses whose counts (and so the total) are estimates (`routing`).
+        "estimated": list(routes.estimated),
+        "oldest_pending_age_seconds": routes.oldest_due_age(),
         "dead_tuples": health["dead_tuples"],
         "horizon": None if holder is None else holder.as_dict(),
         "window_seconds": window,

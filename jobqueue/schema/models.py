@@ -210,6 +210,17 @@ class Job(Base):
             "run_at",
             postgresql_where=text("run_alone AND status IN ('pending', 'retrying')"),
         ),
+        # Jobs waiting for a retry: idx_jobs_pickable holds them with the
+        # pending ones, without their status. The operator's counts tell the
+        # two apart here, and find the failed attempts of unfinished jobs
+        # (0011). Only a failed attempt scheduled again writes to it.
+        Index(
+            "idx_jobs_retrying",
+            "queue",
+            "job_type",
+            "run_at",
+            postgresql_where=text("status = 'retrying'"),
+        ),
         # What recovery scans: jobs a worker holds.
         Index(
             "idx_jobs_processing",

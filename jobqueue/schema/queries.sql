@@ -835,14 +835,6 @@ SELECT count(*) FILTER (WHERE status = 'completed') AS completed,
 FROM jobs
 WHERE completed_at >= now() - make_interval(secs => :window);
 
--- recent_failed_attempts --
--- Failed attempts recorded in the last :window seconds, from error_history.
-SELECT count(*) AS n
-FROM jobs AS j, jsonb_array_elements(j.error_history) AS e
-WHERE (j.status IN ('pending', 'processing', 'retrying')
-       OR j.completed_at >= now() - make_interval(secs => :window))
-  AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window);
-
 -- workers --
 -- Workers that announced themselves, with their heartbeat's age and what
 -- they take (queues, NULL: every queue; the job types they have handlers for).
@@ -957,27 +949,113 @@ WITH retried AS (
 )
 SELECT id FROM retried;
 
--- metrics_jobs --
--- How many jobs are in each state, by queue and type; how many are due, and
--- the seconds since the earliest run_at (when any is due, that is how long
--- the longest-waiting one has been due). Only the waiting states' figures
--- mean anything: the others' are left unfiltered, one comparison less per
--- row. One pass over the table serves the metrics, `jobqueue status` and
--- `jobqueue queue list` alike; which due jobs no live worker takes is
--- worked out from this and the workers' rows, in Python.
-SELECT status, queue, job_type, count(*) AS n,
+-- count_unfinished --
+-- The unfinished jobs by queue and type, counted exactly from the indexes
+-- that hold only them, never from the table's history of finished jobs:
+-- the waiting ones (pending and retrying together) from idx_jobs_pickable,
+-- read index-only; the retrying ones from idx_jobs_retrying; the running
+-- ones from idx_jobs_processing. Pending is waiting minus retrying, worked
+-- out in `routing.py` (one statement, one snapshot: never fewer waiting
+-- than retrying). For the waiting: how many are due, and the seconds since
+-- the earliest run_at (when any is due, how long the longest-waiting one
+-- has been due). Its cost grows with the jobs that wait, not with those
+-- that finished: about 75 ms per million waiting jobs on the machine of
+-- BENCHMARKS.md. `jobqueue status`, `jobqueue queue list`, `/queues`,
+-- `/metrics` and the dashboard all read it; which due jobs no live worker
+-- takes is worked out from it and the workers' rows, in Python.
+SELECT 'waiting' AS status, queue, job_type, count(*) AS n,
        count(*) FILTER (WHERE run_at <= now()) AS due,
        CAST(extract(epoch FROM now() - min(run_at)) AS float8) AS oldest_age
 FROM jobs
+WHERE status IN ('pending', 'retrying')
+GROUP BY queue, job_type
+UNION ALL
+SELECT 'retrying', queue, job_type, count(*), count(*) FILTER (WHERE run_at <= now()),
+       CAST(extract(epoch FROM now() - min(run_at)) AS float8)
+FROM jobs
+WHERE status = 'retrying'
+GROUP BY queue, job_type
+UNION ALL
+SELECT 'processing', queue, job_type, count(*), 0, NULL
+FROM jobs
+WHERE status = 'processing'
+GROUP BY queue, job_type;
+
+-- count_finished_upto --
+-- How many jobs have finished, counted no further than :cap: whether
+-- counting them by queue and type (`count_finished`) is cheap. Reads at most
+-- :cap entries of idx_jobs_finished (a finished job is one with a
+-- completed_at: completed, or failed for good).
+SELECT count(*) AS n
+FROM (SELECT FROM jobs WHERE completed_at IS NOT NULL LIMIT :cap) AS f;
+
+-- count_finished --
+-- The finished jobs by status, queue and type, counted: a pass over all of
+-- them, made only while there are few (`count_finished_upto`).
+SELECT status, queue, job_type, count(*) AS n
+FROM jobs
+WHERE completed_at IS NOT NULL AND status IN ('completed', 'failed')
 GROUP BY status, queue, job_type;
 
+-- estimate_finished --
+-- The finished jobs by status, queue and type, estimated from PostgreSQL's
+-- statistics when there are too many to count: the table's rows as the
+-- planner reckons them (rows per page at the last ANALYZE or VACUUM, times
+-- the pages the table has now) times each combination's share of ANALYZE's
+-- sample, from the extended statistics `jobqueue_jobs_kinds` (0011: the
+-- most common combinations of status, queue and type). The combinations of
+-- a status are scaled to add up to that status's own share (pg_stats), so a
+-- combination too rare to be listed is spread over its status's listed
+-- ones; a status none of whose combinations is listed gets one row without
+-- queue and type. As fresh as the last ANALYZE (autovacuum's, once a tenth
+-- of the table has changed), and within a few per cent of the truth where
+-- ANALYZE's sample of 30,000 rows holds a few hundred of a combination. No
+-- row at all: no statistics to go by (the table was never analyzed, or
+-- this role does not own it and may not see them), and the caller counts.
+WITH rel AS (
+    SELECT n.nspname,
+           c.reltuples / c.relpages
+               * (pg_relation_size(c.oid) / CAST(current_setting('block_size') AS int)) AS rows
+    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE c.oid = to_regclass('jobs') AND c.reltuples > 0 AND c.relpages > 0
+), items AS (
+    SELECT s.most_common_vals[i][array_position(s.attnames, 'status')] AS status,
+           s.most_common_vals[i][array_position(s.attnames, 'queue')] AS queue,
+           s.most_common_vals[i][array_position(s.attnames, 'job_type')] AS job_type,
+           s.most_common_freqs[i] AS freq
+    FROM rel
+    JOIN pg_stats_ext AS s ON s.schemaname = rel.nspname AND s.tablename = 'jobs'
+                          AND s.statistics_name = 'jobqueue_jobs_kinds'
+    CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
+), shares AS (
+    SELECT v.status, v.freq
+    FROM rel
+    JOIN pg_stats AS p ON p.schemaname = rel.nspname AND p.tablename = 'jobs'
+                      AND p.attname = 'status'
+    CROSS JOIN LATERAL unnest(CAST(CAST(p.most_common_vals AS text) AS text[]),
+                              p.most_common_freqs) AS v(status, freq)
+    WHERE v.status IN ('completed', 'failed')
+), listed AS (
+    SELECT status, sum(freq) AS freq FROM items GROUP BY status
+)
+SELECT i.status, i.queue, i.job_type,
+       CAST(round(r.rows * i.freq * COALESCE(s.freq / l.freq, 1)) AS bigint) AS n
+FROM items AS i
+CROSS JOIN rel AS r
+JOIN listed AS l ON l.status = i.status
+LEFT JOIN shares AS s ON s.status = i.status
+WHERE i.status IN ('completed', 'failed')
+UNION ALL
+SELECT s.status, NULL, NULL, CAST(round(r.rows * s.freq) AS bigint)
+FROM shares AS s
+CROSS JOIN rel AS r
+WHERE EXISTS (SELECT FROM items)
+  AND NOT EXISTS (SELECT FROM listed AS l WHERE l.status = s.status);
+
 -- queue_health --
--- Seconds the longest-waiting due job has been due (NULL: none waiting), and
--- the jobs table's upkeep as PostgreSQL's statistics see it.
-SELECT (SELECT extract(epoch FROM now() - min(run_at))
-        FROM jobs
-        WHERE status IN ('pending', 'retrying') AND run_at <= now()) AS oldest_pending_age,
-       s.n_live_tup AS live_tuples, s.n_dead_tup AS dead_tuples,
+-- The jobs table's upkeep as PostgreSQL's statistics see it. (How long the
+-- oldest due job has waited comes from `count_unfinished`.)
+SELECT s.n_live_tup AS live_tuples, s.n_dead_tup AS dead_tuples,
        extract(epoch FROM s.last_autovacuum) AS last_autovacuum
 FROM (SELECT to_regclass('jobs') AS relid) AS t
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = t.relid;
@@ -1007,14 +1085,23 @@ GROUP BY 1, 2, 3, 4;
 -- metrics_failed_attempts --
 -- Failed attempts recorded in the last :window seconds, by type, and how many
 -- of them were scheduled again: all but the attempt that failed a job for
--- good, which `fail` records at the very instant it sets completed_at.
+-- good, which `fail` records at the very instant it sets completed_at. Read
+-- from the jobs that can hold one, each through its index: retrying
+-- (idx_jobs_retrying), running (idx_jobs_processing: a retry under way),
+-- finished in the window (idx_jobs_finished); never a pass over the table.
+-- Left out: a failed job put back by hand (`POST /jobs/{id}/retry`, the
+-- dashboard: pending again) within the window, until it runs again.
 SELECT j.job_type, count(*) AS failed_attempts,
        count(*) FILTER (
            WHERE j.completed_at IS DISTINCT FROM CAST(e ->> 'at' AS timestamptz)) AS retries
-FROM jobs AS j, jsonb_array_elements(j.error_history) AS e
-WHERE (j.status IN ('pending', 'processing', 'retrying')
-       OR j.completed_at >= now() - make_interval(secs => :window))
-  AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
+FROM (SELECT job_type, completed_at, error_history FROM jobs WHERE status = 'retrying'
+      UNION ALL
+      SELECT job_type, completed_at, error_history FROM jobs WHERE status = 'processing'
+      UNION ALL
+      SELECT job_type, completed_at, error_history FROM jobs
+      WHERE completed_at >= now() - make_interval(secs => :window)) AS j,
+     jsonb_array_elements(j.error_history) AS e
+WHERE CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
 GROUP BY j.job_type;
 
 -- horizon --
@@ -1055,13 +1142,18 @@ ORDER BY xid_age DESC, age_seconds DESC NULLS LAST
 LIMIT 1;
 
 -- recent_errors --
--- The most frequent errors of failed attempts in the last :window seconds.
+-- The most frequent errors of failed attempts in the last :window seconds,
+-- from the jobs `metrics_failed_attempts` reads.
 SELECT j.job_type, e ->> 'error' AS error, count(*) AS n,
        max(CAST(e ->> 'at' AS timestamptz)) AS last_at
-FROM jobs AS j, jsonb_array_elements(j.error_history) AS e
-WHERE (j.status IN ('pending', 'processing', 'retrying')
-       OR j.completed_at >= now() - make_interval(secs => :window))
-  AND CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
+FROM (SELECT job_type, completed_at, error_history FROM jobs WHERE status = 'retrying'
+      UNION ALL
+      SELECT job_type, completed_at, error_history FROM jobs WHERE status = 'processing'
+      UNION ALL
+      SELECT job_type, completed_at, error_history FROM jobs
+      WHERE completed_at >= now() - make_interval(secs => :window)) AS j,
+     jsonb_array_elements(j.error_history) AS e
+WHERE CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
 GROUP BY j.job_type, e ->> 'error'
 ORDER BY n DESC, last_at DESC
 LIMIT :limit;
@@ -1232,7 +1324,8 @@ RETURNING id, job_type, payload ->> 'tick' AS tick;
 -- The dashboard (`jobqueue.ops.dashboard`). Each page reads through an
 -- index and stops at its page: on a table of a million jobs a page view
 -- costs what it costs on an empty one. The overview's counts come from
--- `metrics_jobs`, the pass `/metrics` makes, shared by every viewer.
+-- `count_unfinished` and the finished jobs' count or estimate, the reading
+-- `/metrics` makes, shared by every viewer.
 
 -- dashboard_series --
 -- Jobs finished per :width-second bucket, from :back buckets before the

@@ -1,7 +1,8 @@
 """What the overview shows, read once for every viewer.
 
-The counts by status and queue come from `routing.read` (one pass over
-`jobs`, the same `/metrics` makes), the table's upkeep from `queue_health`,
+The counts by status and queue come from `routing.read` (the same reading
+`/metrics` makes; finished jobs estimated past `routing.EXACT_FINISHED`), the
+table's upkeep from `queue_health`,
 the workers from their table, what holds back vacuum from `horizon`.
 However many browsers watch, that is read at most once per `Overview.ttl`
 seconds per dashboard.
@@ -103,6 +104,10 @@ class Snapshot:
     @cached_property
     def queues(self) -> list[dict[str, Any]]:
         return self.routes.queues()
+
+    @cached_property
+    def oldest_due_age(self) -> float | None:
+        return self.routes.oldest_due_age()
 
     @cached_property
     def unserved(self) -> list[dict[str, Any]]:

@@ -123,7 +123,10 @@ def _number(value: float | int | None) -> str:
 
 
 _templates.filters.update(ago=_ago, when=_when, number=_number)
-_templates.globals.update(describe=horizon.describe)
+_templates.globals.update(
+    describe=horizon.describe,
+    estimate_note=("Estimated from PostgreSQL's statistics: too many finished jobs to count "
+                   "at every refresh"))
 
 
 
