@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -123,7 +124,7 @@ async def operator_reads(url: str, *, repeat: int = 3) -> list[dict[str, Any]]:
     through the API and the dashboard in this process (the time is the
     server's answer, nearly all of it the database's; each read `FRESH`
     seconds after the last, when the readings shared among clients have gone
-    stale), `jobqueue status`'s
+    stale; `answer` says which counts were estimates), `jobqueue status`'s
     summary on one connection, and the `jobqueue status` command as a
     user runs it (its process start included)."""
     rows: list[dict[str, Any]] = []
@@ -148,7 +149,7 @@ async def operator_reads(url: str, *, repeat: int = 3) -> list[dict[str, Any]]:
             # among clients (SHARED_TTL, OVERVIEW_TTL), so each one is read
             # afresh, as a scrape every 15 s or a dashboard opened now finds it.
             ms, answer = await _timed(functools.partial(get, path), repeat, gap=FRESH)
-            row(read, ms, str(answer.status_code))
+            row(read, ms, str(answer.status_code) + _counts(answer))
         deep = "/jobs"
         for _ in range(10):  # ten pages down, by the cursor each page gives
             page = (await get(deep)).json()
@@ -161,8 +162,8 @@ async def operator_reads(url: str, *, repeat: int = 3) -> list[dict[str, Any]]:
         await client.aclose()
         await app.state.jobqueue_engine.dispose()
     async with connected(url) as conn:
-        ms, _ = await _timed(lambda: status.queue_summary(conn), repeat)
-        row("jobqueue status, its summary", ms, "read")
+        ms, summary = await _timed(lambda: status.queue_summary(conn), repeat)
+        row("jobqueue status, its summary", ms, "read" + _said(summary["estimated"]))
     env = {**os.environ, "DATABASE_URL": url}
 
     async def command() -> subprocess.CompletedProcess[str]:
@@ -173,6 +174,22 @@ async def operator_reads(url: str, *, repeat: int = 3) -> list[dict[str, Any]]:
     ms, done = await _timed(command, repeat)
     row("jobqueue status (the command)", ms, f"exit {done.returncode}")
     return rows
+
+
+def _said(estimated: list[str]) -> str:
+    return f"; estimated: {', '.join(estimated)}" if estimated else ""
+
+
+def _counts(answer: httpx.Response) -> str:
+    """Which counts a reading that counts jobs gave as estimates."""
+    if answer.request.url.path == "/queues":
+        return _said(answer.json()["estimated"])
+    if answer.request.url.path == "/metrics":
+        return _said([m.group(1) for m in re.finditer(
+            r'^jobqueue_jobs_estimated\{status="(\w+)"\} 1', answer.text, re.M)])
+    if answer.request.url.path in ("/", "/dashboard/overview"):  # the cards marked ≈
+        return _said(re.findall(r'data-status="(\w+)" title=', answer.text))
+    return ""
 
 
 async def drain_beside(url: str, *, n: int, flags: tuple[str, ...] = (),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 from jobqueue.benchmarks import scale, scenarios
+from jobqueue.ops import routing
 from jobqueue.schema import REVISION
 
 
@@ -49,3 +50,14 @@ async def test_a_migration_under_traffic_reaches_the_newest_revision_and_says_wh
     assert (row["from"], row["to"]) == ("0005", REVISION)
     assert row["errors"] == "" and row["inserts"] > 0 and row["completed_meanwhile"] >= 0
     assert 0 < row["insert_p50_ms"] <= row["insert_p99_ms"] <= row["insert_max_ms"]
+
+
+async def test_past_the_exact_count_every_counting_read_says_it_estimates(
+        bench_url: str) -> None:
+    await scale.build(bench_url, finished=routing.EXACT_FINISHED + 5_000, waiting=20)
+    answers = {r["read"]: r["answer"] for r in await scale.operator_reads(bench_url, repeat=1)}
+    said = "; estimated: completed, failed"
+    assert answers["GET /metrics"] == answers["GET /queues"] == "200" + said, answers
+    assert answers["dashboard live refresh"] == "200" + said
+    assert answers["jobqueue status, its summary"] == "read" + said
+    assert answers["GET /jobs, first page"] == "200"  # lists count nothing
