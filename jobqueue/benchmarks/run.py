@@ -198,13 +198,17 @@ def _record(previous: dict[str, Any], started: str, commit: str, full: bool,
             names: Sequence[str], took: dict[str, float],
             given: dict[str, str] | None = None) -> dict[str, Any]:
     """`run.json`: the last full run (start, commit, each step's time, the
-    parameters set from the environment) and the partial reruns since."""
+    parameters set from the environment) and the partial reruns since, each
+    naming only the notebooks no later rerun ran again."""
     extra = {"overrides": dict(given)} if given else {}
     if full:
         return {"started": started, "commit": commit, "steps": dict(took), "reruns": [],
                 **extra}
     rerun = {"started": started, "commit": commit, "notebooks": list(names), **extra}
-    return {**previous, "reruns": [*previous.get("reruns", []), rerun]}
+    # An earlier rerun of the same notebooks no longer stamps any file.
+    kept = [{**r, "notebooks": left} for r in previous.get("reruns", [])
+            if (left := [n for n in r["notebooks"] if n not in names])]
+    return {**previous, "reruns": [*kept, rerun]}
 
 
 def overrides(environ: dict[str, str]) -> dict[str, str]:

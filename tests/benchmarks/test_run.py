@@ -91,6 +91,11 @@ def test_a_partial_rerun_keeps_the_full_run_and_adds_itself() -> None:
     again = run._record(full, "T2", "c2", False, ["comparison"], {"comparison": 3.0})
     assert (again["started"], again["commit"], again["steps"]) == ("T1", "c1", {"throughput": 5.0})
     assert again["reruns"] == [{"started": "T2", "commit": "c2", "notebooks": ["comparison"]}]
+    # a later rerun of a notebook takes it off the earlier one's list
+    third = run._record(run._record(again, "T3", "c3", False, ["scale", "latency"], {}),
+                        "T4", "c4", False, ["comparison", "scale"], {})
+    assert [(r["started"], r["notebooks"]) for r in third["reruns"]] == [
+        ("T3", ["latency"]), ("T4", ["comparison", "scale"])]
 
 
 def test_a_run_records_the_parameters_it_took_from_the_environment(tmp_path: Path) -> None:
