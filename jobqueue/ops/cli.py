@@ -544,11 +544,10 @@ def _count(n: int, estimated: bool, width: int) -> str:
     return f"{('~' if estimated else '') + f'{n:,}':>{width}}"
 
 
-def format_queues(queues: list[dict[str, Any]], estimated: list[str] | None = None,
+def format_queues(queues: list[dict[str, Any]], estimated: Sequence[str] = (),
                   indent: str = "") -> list[str]:
     """A table of queues: jobs by status, oldest due, then paused and limits;
     `~` marks the statuses whose counts are estimates."""
-    estimated = estimated or []
     width = max(5, *(len(q["queue"]) for q in queues))
     lines = [f"{indent}{'queue':<{width}}  {'pending':>9} {'retrying':>9} {'running':>9} "
              f"{'completed':>10} {'failed':>9}  {'oldest due':>10}  settings"]

@@ -187,7 +187,8 @@ async def read_finished(conn: Conn, exact_upto: int = EXACT_FINISHED
     """The finished jobs by status, queue and type, and whether the figures
     are estimates: counted while there are no more than `exact_upto`, else
     estimated (counted after all where PostgreSQL has no statistics yet)."""
-    if await _scalar(conn, "count_finished_upto", cap=exact_upto + 1) <= exact_upto:
+    probe = await queries["count_finished_upto"].rows(conn, cap=exact_upto + 1)
+    if probe[0]["n"] <= exact_upto:
         rows, estimated = await queries["count_finished"].rows(conn), False
     else:
         rows = await queries["estimate_finished"].rows(conn)
@@ -196,10 +197,6 @@ async def read_finished(conn: Conn, exact_upto: int = EXACT_FINISHED
             rows = await queries["count_finished"].rows(conn)
     return [Group(r["status"], r["queue"], r["job_type"], int(r["n"])) for r in rows
             if r["n"]], estimated
-
-
-async def _scalar(conn: Conn, name: str, **values: Any) -> int:
-    return int(next(iter((await queries[name].rows(conn, **values))[0].values())))
 
 
 async def read_settings(conn: Conn) -> dict[str, Settings]:

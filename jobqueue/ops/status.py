@@ -43,10 +43,9 @@ async def queue_summary(conn: asyncpg.Connection, window: float = 300.0) -> dict
     routes = await routing.read(conn)
     counts = routes.counts()
     recent = await queries["recent_finished"].fetchrow(conn, window=window)
-    failed_attempts = sum(r["failed_attempts"] for r in await queries[
-        "metrics_failed_attempts"].fetch(conn, window=window))
     workers = routes.workers
     errors = await queries["recent_errors"].fetch(conn, window=window, limit=TOP_ERRORS)
+    failed_attempts = errors[0]["failed_attempts"] if errors else 0
     health = await queries["queue_health"].fetchrow(conn)
     holder = await horizon.oldest(conn)
     assert recent is not None and health is not None

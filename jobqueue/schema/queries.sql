@@ -1143,14 +1143,17 @@ LIMIT 1;
 
 -- recent_errors --
 -- The most frequent errors of failed attempts in the last :window seconds,
--- from the jobs `metrics_failed_attempts` reads.
+-- from the jobs `metrics_failed_attempts` reads, and on every row how many
+-- failed attempts there were in all (`jobqueue status` needs both: one
+-- read of those jobs, not two).
 SELECT j.job_type, e ->> 'error' AS error, count(*) AS n,
-       max(CAST(e ->> 'at' AS timestamptz)) AS last_at
-FROM (SELECT job_type, completed_at, error_history FROM jobs WHERE status = 'retrying'
+       max(CAST(e ->> 'at' AS timestamptz)) AS last_at,
+       CAST(sum(count(*)) OVER () AS bigint) AS failed_attempts
+FROM (SELECT job_type, error_history FROM jobs WHERE status = 'retrying'
       UNION ALL
-      SELECT job_type, completed_at, error_history FROM jobs WHERE status = 'processing'
+      SELECT job_type, error_history FROM jobs WHERE status = 'processing'
       UNION ALL
-      SELECT job_type, completed_at, error_history FROM jobs
+      SELECT job_type, error_history FROM jobs
       WHERE completed_at >= now() - make_interval(secs => :window)) AS j,
      jsonb_array_elements(j.error_history) AS e
 WHERE CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
