@@ -209,6 +209,8 @@ async def _wait(url: str, job_id: uuid.UUID) -> FinishedJob[Any]:
         while True:
             heard.clear()  # before the read: a notification during it still counts
             row = await queries["wait_check"].fetchrow(conn, job_id=job_id)
+            if row is None:  # or moved to the history after the read began: read again
+                row = await queries["wait_check"].fetchrow(conn, job_id=job_id)
             if row is None:
                 raise LookupError(f"no job {job_id}")
             if row["status"] in FINISHED:
@@ -227,7 +229,7 @@ async def _wait(url: str, job_id: uuid.UUID) -> FinishedJob[Any]:
 async def _leave(conn: asyncpg.Connection, job_id: uuid.UUID) -> None:
     """Delete this waiter's row and close. A connection cut, or busy with a
     statement a timeout interrupted, is dropped instead: its row then goes
-    with the next `prune` (its backend is gone)."""
+    with the leader's next `archive` (its backend is gone)."""
     try:
         async with asyncio.timeout(_LEAVE_TIMEOUT):
             await queries["wait_forget"].execute(conn, job_id=job_id)

@@ -201,7 +201,7 @@ async def test_a_missed_notification_costs_a_reread_not_the_timeout(
     assert job.status == "completed"
 
 
-async def test_prune_forgets_waiters_whose_connection_or_job_is_gone(
+async def test_archive_forgets_waiters_whose_connection_or_job_is_gone(
         engine: AsyncEngine, conn: asyncpg.Connection) -> None:
     job_id = await new_job(engine)
     mine = await conn.fetchval("SELECT pg_backend_pid()")
@@ -212,9 +212,9 @@ async def test_prune_forgets_waiters_whose_connection_or_job_is_gone(
     await conn.execute("INSERT INTO jobqueue_waiters (job_id, pid, since) "
                        "VALUES ($1, $2, '2000-01-01')", uuid.uuid4(), mine)
     assert await conn.fetchval("SELECT count(*) FROM jobqueue_waiters") == 4
-    status = await queries["prune"].execute(conn, keep_completed=3600, keep_failed=3600,
-                                            limit=100)
-    assert status == "DELETE 0"  # the tag still counts jobs, as upkeep reads it
+    moved = await queries["archive"].fetchval(conn, after=0, keep_completed=3600,
+                                              keep_failed=3600, limit=100)
+    assert moved == 0  # the job is waiting: it stays
     left = await conn.fetch("SELECT job_id, pid FROM jobqueue_waiters")
     assert [tuple(r) for r in left] == [(job_id, mine)]
 

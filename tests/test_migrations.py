@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from jobqueue import db
 from jobqueue.schema import migrations
-from jobqueue.schema.models import Base
+from jobqueue.schema.models import Base, described
 
 
 async def test_models_and_migrations_agree(server_url: str) -> None:
@@ -23,7 +23,8 @@ async def test_models_and_migrations_agree(server_url: str) -> None:
                 lambda sync: compare_metadata(
                     MigrationContext.configure(sync, opts={
                         "compare_type": True, "compare_server_default": True,
-                        "version_table": "jobqueue_alembic_version"}),
+                        "version_table": "jobqueue_alembic_version",
+                        "include_name": described}),
                     Base.metadata))
         await engine.dispose()
         assert diff == []

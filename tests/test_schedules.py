@@ -206,7 +206,7 @@ async def test_a_failing_schedule_pass_holds_up_no_other_chore(
 
     monkeypatch.setattr(leader.scheduler, "run_once", timed_out)
     assert await leader.run_once() == {"leader": True, "rescued": 0, "scheduled": 0,
-                                       "pruned": 1}
+                                       "archived": 1, "expired": 0}
 
 
 async def test_ticks_missed_while_nothing_ran_make_one_job_for_the_latest(

@@ -1,4 +1,4 @@
-"""Upkeep: heartbeat and fencing apart from the leader's rescue and pruning,
+"""Upkeep: heartbeat and fencing apart from the leader's rescue and history,
 each driven one tick at a time with a config and a connection, no runner."""
 
 from __future__ import annotations
@@ -16,16 +16,6 @@ from jobqueue.schema.queries import queries
 from jobqueue.testing import wait_for
 from jobqueue.worker import WorkerConfig, upkeep
 from jobqueue.worker.stats import WorkerStats
-
-HOUR = 3600.0
-
-
-async def add_jobs(conn: asyncpg.Connection, n: int, status: str, finished_ago: float | None
-                   ) -> None:
-    await conn.execute(
-        "INSERT INTO jobs (job_type, status, completed_at) SELECT 'noop', $1,"
-        " now() - make_interval(secs => $2) FROM generate_series(1, $3)",
-        status, finished_ago, n)
 
 
 async def by_status(conn: asyncpg.Connection) -> dict[str, int]:
@@ -47,30 +37,7 @@ def heartbeat(config: WorkerConfig, conn: asyncpg.Connection, worker_id: int
     return upkeep.Heartbeat(config, conn, worker_id, lambda: "active", WorkerStats())
 
 
-async def test_prune_deletes_only_finished_jobs_past_their_retention(
-    conn: asyncpg.Connection
-) -> None:
-    await add_jobs(conn, 3, "completed", 2 * HOUR)
-    await add_jobs(conn, 2, "completed", 60)
-    await add_jobs(conn, 4, "failed", 2 * HOUR)
-    await add_jobs(conn, 1, "failed", 48 * HOUR)
-    await add_jobs(conn, 5, "pending", None)
-    assert await upkeep.prune(conn, keep_completed=HOUR, keep_failed=24 * HOUR) == 4
-    assert await by_status(conn) == {"completed": 2, "failed": 4, "pending": 5}
-
-
-async def test_a_full_slice_prunes_again_next_tick_instead_of_a_minute_later(
-    conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(upkeep, "PRUNE_SLICE", 2)
-    await add_jobs(conn, 5, "completed", 2 * HOUR)
-    chores = leader(WorkerConfig(keep_completed=HOUR), conn, 4242)
-    pruned = [(await chores.run_once())["pruned"] for _ in range(4)]
-    assert pruned == [2, 2, 1, 0]  # the last pass was not full: the next waits PRUNE_EVERY
-    assert chores.leader and await by_status(conn) == {}
-
-
-async def test_a_failing_prune_waits_its_minute_like_any_other(
+async def test_a_failing_expire_waits_its_minute_like_any_other(
     conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = 0
@@ -80,11 +47,11 @@ async def test_a_failing_prune_waits_its_minute_like_any_other(
         calls += 1
         raise asyncpg.QueryCanceledError("canceling statement due to statement timeout")
 
-    monkeypatch.setattr(upkeep, "prune", broken)
+    monkeypatch.setattr(upkeep, "expire", broken)
     chores = leader(WorkerConfig(), conn, 4243)
     with pytest.raises(asyncpg.QueryCanceledError):
         await chores.run_once()
-    assert (await chores.run_once())["pruned"] == 0 and calls == 1  # not again this minute
+    assert (await chores.run_once())["expired"] == 0 and calls == 1  # not again this minute
 
 
 async def test_only_one_leader_does_the_chores(conn: asyncpg.Connection, db_url: str) -> None:

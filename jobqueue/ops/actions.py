@@ -44,8 +44,11 @@ async def retry(conn: Executor, job_id: uuid.UUID) -> None:
     since: that is a Conflict naming the holder, not a database error."""
     try:
         async with conn.begin():
-            retried = (await conn.execute(queries["api_retry_job"].text,
-                                          {"id": job_id})).first()
+            for _ in range(2):  # again: moved to the history after the first one began
+                retried = (await conn.execute(queries["api_retry_job"].text,
+                                              {"id": job_id})).first()
+                if retried is not None:
+                    break
             if retried is None:
                 await _refuse(conn, job_id, "only failed jobs can be retried")
     except IntegrityError as exc:

@@ -311,6 +311,7 @@ def _work(args: argparse.Namespace, stopped: list[int]) -> int:
             lease=args.lease,
             keep_completed=args.keep_completed_days * 86_400,
             keep_failed=args.keep_failed_days * 86_400,
+            archive_after=args.archive_after,
             poll_interval=args.poll_interval,
             grace_period=args.grace_period,
             burst=args.burst,
@@ -696,10 +697,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="work alongside other workers instead of one active and standbys")
     s.add_argument("--lease", type=float, default=5.0,
                    help="seconds without a heartbeat before a worker counts as hung")
-    s.add_argument("--keep-completed-days", type=float, default=7.0,
-                   help="days completed jobs are kept before pruning")
-    s.add_argument("--keep-failed-days", type=float, default=30.0,
-                   help="days failed jobs are kept before pruning")
+    s.add_argument("--keep-completed-days", type=float, default=1.0,
+                   help="days completed jobs are kept in the history (dropped a day at a time)")
+    s.add_argument("--keep-failed-days", type=float, default=7.0,
+                   help="days failed jobs are kept in the history (dropped a day at a time)")
+    s.add_argument("--archive-after", type=float, default=60.0,
+                   help="seconds a finished job stays in the jobs table before it moves to "
+                        "the history")
     s.add_argument("--poll-interval", type=float, default=1.0,
                    help="seconds between looks at the table without a notification")
     s.add_argument("--grace-period", type=float, default=30.0,

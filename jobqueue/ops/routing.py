@@ -185,8 +185,11 @@ def _unfinished(rows: list[dict[str, Any]]) -> list[Group]:
 async def read_finished(conn: Conn, exact_upto: int = EXACT_FINISHED
                         ) -> tuple[list[Group], bool]:
     """The finished jobs by status, queue and type, and whether the figures
-    are estimates: counted while there are no more than `exact_upto`, else
-    estimated (counted after all where PostgreSQL has no statistics yet)."""
+    are estimates. The history's are exact (its counts table). Those still
+    in `jobs` (until the leader moves them, a minute or so) are counted
+    while there are no more than `exact_upto`, else estimated (counted after
+    all where PostgreSQL has no statistics yet): many only where the
+    history is not kept up (no worker of this release running yet)."""
     probe = await queries["count_finished_upto"].rows(conn, cap=exact_upto + 1)
     if probe[0]["n"] <= exact_upto:
         rows, estimated = await queries["count_finished"].rows(conn), False
@@ -195,8 +198,11 @@ async def read_finished(conn: Conn, exact_upto: int = EXACT_FINISHED
         estimated = bool(rows)
         if not estimated:
             rows = await queries["count_finished"].rows(conn)
-    return [Group(r["status"], r["queue"], r["job_type"], int(r["n"])) for r in rows
-            if r["n"]], estimated
+    totals: Counter[tuple[str, str | None, str | None]] = Counter()
+    for r in [*rows, *await queries["history_counts"].rows(conn)]:
+        totals[(r["status"], r["queue"], r["job_type"])] += int(r["n"])
+    return [Group(status, queue, job_type, n)
+            for (status, queue, job_type), n in totals.items() if n], estimated
 
 
 async def read_settings(conn: Conn) -> dict[str, Settings]:

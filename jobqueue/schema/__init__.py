@@ -7,4 +7,4 @@ by `migrations`).
 #: The schema revision this code runs on: the newest migration in `alembic/`
 #: (a test holds the two together). A worker started on an older schema waits
 #: for `jobqueue migrate` instead of failing on a column that is not there.
-REVISION = "0011"
+REVISION = "0012"

@@ -772,26 +772,93 @@ SELECT set_config('application_name', :name, false);
 -- maintenance leader's.
 SELECT pg_try_advisory_lock(:lock_class, :key) AS locked;
 
--- prune --
--- Delete finished jobs past their retention, a bounded slice at a time (the
--- command tag counts them). On the way, forget the waiters of
--- `jobqueue.wait()` that died without deleting their row: their connection
--- is gone (no backend with their pid, or a newer one that reuses it) or
--- their job is. A data-modifying CTE always runs, referenced or not.
+-- archive_days --
+-- The days (UTC) of the finished jobs the next `archive` moves to the
+-- history, so the leader can add their partitions first
+-- (`jobqueue_history_add`): the oldest :limit finished :after seconds ago,
+-- without those past their retention, which `archive` deletes instead.
+SELECT DISTINCT CAST(completed_at AT TIME ZONE 'UTC' AS date) AS day
+FROM (SELECT status, completed_at FROM jobs
+      WHERE completed_at < now() - make_interval(secs => :after)
+      ORDER BY completed_at
+      LIMIT :limit) AS slice
+WHERE completed_at >= now() - make_interval(secs => CASE WHEN status = 'completed'
+                                                         THEN CAST(:keep_completed AS float8)
+                                                         ELSE CAST(:keep_failed AS float8) END);
+
+-- history_add --
+-- The history's partitions for one day, if missing (0012).
+SELECT jobqueue_history_add(CAST(:day AS date));
+
+-- archive --
+-- Move up to :limit jobs that finished more than :after seconds ago from
+-- `jobs` to the history, oldest first, in one transaction: each job is in
+-- one table or the other, never both, never neither, in any snapshot.
+-- Those already past their retention (:keep_completed, :keep_failed
+-- seconds) are deleted instead. The history's counts (by day, status,
+-- queue and type) grow by what it received. SKIP LOCKED: a failed job
+-- being retried by hand stays where it is. On the way, forget the waiters
+-- of `jobqueue.wait()` that died without deleting their row: their
+-- connection is gone (no backend with their pid, or a newer one that
+-- reuses it) or their job has left `jobs`. A data-modifying CTE always
+-- runs, referenced or not.
 WITH gone_waiters AS (
     DELETE FROM jobqueue_waiters AS w
     WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = w.job_id)
        OR NOT EXISTS (SELECT 1 FROM pg_stat_activity AS a
                       WHERE a.pid = w.pid
                         AND (a.backend_start IS NULL OR a.backend_start <= w.since))
+), moved AS (
+    DELETE FROM jobs
+    WHERE id IN (SELECT id FROM jobs
+                 WHERE completed_at < now() - make_interval(secs => :after)
+                   AND status IN ('completed', 'failed')
+                 ORDER BY completed_at
+                 LIMIT :limit
+                 FOR UPDATE SKIP LOCKED)
+    RETURNING *
+), kept AS (
+    INSERT INTO jobqueue_history
+    SELECT * FROM moved
+    WHERE completed_at >= now() - make_interval(secs => CASE WHEN status = 'completed'
+                                                             THEN CAST(:keep_completed AS float8)
+                                                             ELSE CAST(:keep_failed AS float8) END)
+    RETURNING status, completed_at, queue, job_type
+), counted AS (
+    INSERT INTO jobqueue_history_counts AS c (status, day, queue, job_type, n)
+    SELECT status, CAST(completed_at AT TIME ZONE 'UTC' AS date), queue, job_type, count(*)
+    FROM kept
+    GROUP BY 1, 2, 3, 4
+    ON CONFLICT (status, day, queue, job_type) DO UPDATE SET n = c.n + excluded.n
 )
-DELETE FROM jobs
-WHERE id IN (
-    SELECT id FROM jobs
-    WHERE completed_at < now() - make_interval(secs => :keep_completed) AND status = 'completed'
-       OR completed_at < now() - make_interval(secs => :keep_failed) AND status = 'failed'
-    LIMIT :limit
-);
+SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM kept) AS kept;
+
+-- history_expired --
+-- The history's partitions whose whole day (UTC) is past its status's
+-- retention (:keep_completed, :keep_failed seconds), oldest first: each
+-- goes with `history_drop`. The day is in the partition's name (0012).
+SELECT s.status, to_date(right(c.relname, 8), 'YYYYMMDD') AS day
+FROM (VALUES ('completed', CAST(:keep_completed AS float8)),
+             ('failed', CAST(:keep_failed AS float8))) AS s(status, keep)
+JOIN pg_inherits AS i ON i.inhparent = to_regclass('jobqueue_history_' || s.status)
+JOIN pg_class AS c ON c.oid = i.inhrelid
+WHERE CAST(to_date(right(c.relname, 8), 'YYYYMMDD') + 1 AS timestamp) AT TIME ZONE 'UTC'
+      <= now() - make_interval(secs => s.keep)
+ORDER BY day, s.status;
+
+-- history_drop --
+-- One partition of the history dropped, with its counts (0012): a brief
+-- lock on its parent, given up after 200 ms rather than queueing readers.
+SELECT jobqueue_history_drop(:status, CAST(:day AS date)) AS dropped;
+
+-- history_counts --
+-- The jobs the history holds, by status, queue and type: kept by the
+-- statements that move jobs in and out, so exact, and a few rows to read
+-- whatever the history holds.
+SELECT status, queue, job_type, CAST(sum(n) AS bigint) AS n
+FROM jobqueue_history_counts
+GROUP BY status, queue, job_type
+HAVING sum(n) > 0;
 
 -- next_due --
 -- Seconds until the earliest waiting job this worker could run is due
@@ -832,7 +899,7 @@ SELECT count(*) FILTER (WHERE status = 'completed') AS completed,
        percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM completed_at - started_at))
            FILTER (WHERE status = 'completed') AS run_time
-FROM jobs
+FROM jobqueue_all_jobs
 WHERE completed_at >= now() - make_interval(secs => :window);
 
 -- workers --
@@ -844,12 +911,15 @@ FROM jobqueue_workers
 ORDER BY started_at;
 
 -- get_job --
--- One job, everything about it.
+-- One job, everything about it, wherever it is: in `jobs`, or in the
+-- history's partitions from the day its id was made on (`jobqueue_id_floor`;
+-- an id of another kind: all of them). Every lookup by id below does the
+-- same.
 SELECT id, job_type, queue, priority, unique_key, timeout, payload, status, retry_count,
        max_retries, next_retry_at, run_at,
        error_message, error_history, result, created_at, started_at, completed_at, worker_id
-FROM jobs
-WHERE id = :id;
+FROM jobqueue_all_jobs
+WHERE id = :id AND (completed_at IS NULL OR completed_at >= jobqueue_id_floor(:id));
 
 -- held --
 -- The jobs that live quick batches hold. A quick batch locks its jobs and
@@ -875,8 +945,9 @@ WHERE pg_xact_status(CAST(CAST(b.xid AS text) AS xid8)) = 'in progress'
 -- ---- HTTP API and observability ----
 
 -- api_list_jobs --
--- A page of jobs, newest first, optionally of one status, type and queue.
--- Newest first is the primary key backwards: ids sort in the order jobs were
+-- A page of jobs, newest first, optionally of one status, type and queue,
+-- from `jobs` and the history together (a merge of their id indexes).
+-- Newest first is the id order backwards: ids sort in the order jobs were
 -- made (`jobqueue_id`), so no index more for the hot path to keep up, and no
 -- sort of the table. Keyset pagination: :before_id is where the previous page
 -- ended (NULL for the first), so a deep page costs what the first one does
@@ -893,7 +964,7 @@ SELECT id, job_type, queue, priority, timeout, status, retry_count, max_retries,
 FROM (SELECT id, job_type, queue, priority, timeout, status, retry_count, max_retries, run_at,
              next_retry_at, error_message, created_at, started_at, completed_at,
              error_history, worker_id
-      FROM jobs
+      FROM jobqueue_all_jobs
       WHERE id < COALESCE(CAST(:before_id AS uuid), 'ffffffff-ffff-ffff-ffff-ffffffffffff')
       ORDER BY id DESC
       LIMIT :scan) AS j
@@ -907,7 +978,7 @@ LIMIT :limit;
 -- The last job a page of `api_list_jobs` looked at, when it looked at all
 -- :scan it may (no row: it reached the oldest job). The next page goes on
 -- after it.
-SELECT id FROM jobs
+SELECT id FROM jobqueue_all_jobs
 WHERE id < COALESCE(CAST(:before_id AS uuid), 'ffffffff-ffff-ffff-ffff-ffffffffffff')
 ORDER BY id DESC
 OFFSET :scan - 1
@@ -915,7 +986,8 @@ LIMIT 1;
 
 -- job_status --
 -- One job's status; no row: no such job.
-SELECT status FROM jobs WHERE id = :id;
+SELECT status FROM jobqueue_all_jobs
+WHERE id = :id AND (completed_at IS NULL OR completed_at >= jobqueue_id_floor(:id));
 
 -- active_holder --
 -- The connection that holds this database's active-worker lock, named as
@@ -930,24 +1002,49 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
 -- The jobs whose id begins with a prefix a person typed (:low and :high: the
 -- prefix filled out with 0s and with fs), one range of the primary key: at
 -- most two, enough to tell one job from several.
-SELECT id FROM jobs
+SELECT id FROM jobqueue_all_jobs
 WHERE id BETWEEN CAST(:low AS uuid) AND CAST(:high AS uuid)
 ORDER BY id
 LIMIT 2;
 
 -- api_retry_job --
 -- Run a failed job again: pending, due now, its retries renewed, its error
--- history kept. Only a `failed` job qualifies (no row back otherwise); the
--- update trigger wakes idle workers at commit and tells them where it waits
--- (due at this transaction's start, which can be behind a lane's floor).
+-- history kept. Only a `failed` job qualifies (no row back otherwise). One
+-- still in `jobs` is updated; one in the history moves back to `jobs`
+-- (and out of the history's counts). The update trigger, or the insert
+-- one, wakes idle workers at commit. No row can also mean the leader moved
+-- the job to the history after this statement's snapshot was taken: the
+-- caller asks once more.
 WITH retried AS (
     UPDATE jobs
     SET status = 'pending', retry_count = 0, run_at = now(), next_retry_at = NULL,
         started_at = NULL, completed_at = NULL, worker_id = NULL
     WHERE id = :id AND status = 'failed'
     RETURNING id
+), back AS (
+    DELETE FROM jobqueue_history
+    WHERE id = :id AND status = 'failed' AND completed_at >= jobqueue_id_floor(:id)
+      AND NOT EXISTS (SELECT FROM retried)
+    RETURNING *
+), uncounted AS (
+    UPDATE jobqueue_history_counts AS c
+    SET n = c.n - 1
+    FROM back AS b
+    WHERE c.status = 'failed' AND c.day = CAST(b.completed_at AT TIME ZONE 'UTC' AS date)
+      AND c.queue = b.queue AND c.job_type = b.job_type
+), restored AS (
+    INSERT INTO jobs (id, job_type, payload, status, retry_count, max_retries, run_at,
+                      error_message, error_history, result, created_at, queue, priority,
+                      unique_key, timeout, run_alone, trace_context)
+    SELECT id, job_type, payload, 'pending', 0, max_retries, now(), error_message,
+           error_history, result, created_at, queue, priority, unique_key, timeout,
+           run_alone, trace_context
+    FROM back
+    RETURNING id
 )
-SELECT id FROM retried;
+SELECT id FROM retried
+UNION ALL
+SELECT id FROM restored;
 
 -- count_unfinished --
 -- The unfinished jobs by queue and type, counted exactly from the indexes
@@ -1072,7 +1169,7 @@ WITH finished AS (
            greatest(CAST(extract(epoch FROM started_at - greatest(created_at, run_at))
                          AS float8), 0) AS wait,
            greatest(CAST(extract(epoch FROM completed_at - started_at) AS float8), 0) AS run
-    FROM jobs
+    FROM jobqueue_all_jobs
     WHERE completed_at >= now() - make_interval(secs => :window) AND started_at IS NOT NULL
 )
 SELECT job_type, status,
@@ -1098,7 +1195,7 @@ FROM (SELECT job_type, completed_at, error_history FROM jobs WHERE status = 'ret
       UNION ALL
       SELECT job_type, completed_at, error_history FROM jobs WHERE status = 'processing'
       UNION ALL
-      SELECT job_type, completed_at, error_history FROM jobs
+      SELECT job_type, completed_at, error_history FROM jobqueue_all_jobs
       WHERE completed_at >= now() - make_interval(secs => :window)) AS j,
      jsonb_array_elements(j.error_history) AS e
 WHERE CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
@@ -1153,7 +1250,7 @@ FROM (SELECT job_type, error_history FROM jobs WHERE status = 'retrying'
       UNION ALL
       SELECT job_type, error_history FROM jobs WHERE status = 'processing'
       UNION ALL
-      SELECT job_type, error_history FROM jobs
+      SELECT job_type, error_history FROM jobqueue_all_jobs
       WHERE completed_at >= now() - make_interval(secs => :window)) AS j,
      jsonb_array_elements(j.error_history) AS e
 WHERE CAST(e ->> 'at' AS timestamptz) >= now() - make_interval(secs => :window)
@@ -1172,8 +1269,8 @@ SELECT id, job_type, queue, priority, unique_key, timeout, status,
        created_at, started_at, completed_at, worker_id,
        CAST(payload AS text) AS payload, CAST(error_history AS text) AS error_history,
        CAST(result AS text) AS result
-FROM jobs
-WHERE id = :id;
+FROM jobqueue_all_jobs
+WHERE id = :id AND (completed_at IS NULL OR completed_at >= jobqueue_id_floor(:id));
 
 -- ---- Queue settings (jobqueue.queues) ----
 
@@ -1217,7 +1314,7 @@ WHERE name = :queue AND NOT paused AND concurrency IS NULL AND rate_limit IS NUL
 
 -- wait_register --
 -- A caller of `jobqueue.wait()` says which job it waits for, on the
--- connection it listens on (pid: that backend, so `prune` can tell a caller
+-- connection it listens on (pid: that backend, so `archive` can tell a caller
 -- that died); `complete` and `fail` notify the jobs that have a row here.
 INSERT INTO jobqueue_waiters (job_id) VALUES (:job_id)
 ON CONFLICT DO NOTHING;
@@ -1232,13 +1329,25 @@ ON CONFLICT DO NOTHING;
 -- through; FOR SHARE would make it skip the job as a worker's). An update
 -- under way outside a batch (a claimed job's `complete`, another cancel)
 -- is not waited for: the job is read as it was, and a missed notification
--- costs the waiter its next reread. No row: no such job.
+-- costs the waiter its next reread. A job not in `jobs` is read from the
+-- history (finished: nothing to wait for). No row: no such job, or one the
+-- leader moved to the history after this statement's snapshot was taken
+-- (the caller reads once more).
+WITH live AS (
+    SELECT id, job_type, queue, status, retry_count, error_message,
+           CAST(result AS text) AS result, CAST(error_history AS text) AS error_history,
+           created_at, started_at, completed_at
+    FROM jobs
+    WHERE id = :job_id
+    FOR KEY SHARE
+)
+SELECT * FROM live
+UNION ALL
 SELECT id, job_type, queue, status, retry_count, error_message,
-       CAST(result AS text) AS result, CAST(error_history AS text) AS error_history,
-       created_at, started_at, completed_at
-FROM jobs
-WHERE id = :job_id
-FOR KEY SHARE;
+       CAST(result AS text), CAST(error_history AS text), created_at, started_at, completed_at
+FROM jobqueue_history
+WHERE id = :job_id AND completed_at >= jobqueue_id_floor(:job_id)
+  AND NOT EXISTS (SELECT FROM live);
 
 -- wait_forget --
 -- A waiter leaves (its job finished, or it gave up).
@@ -1270,8 +1379,8 @@ SELECT j.status AS was, c.id IS NOT NULL AS cancelled,
                   FROM jobqueue_waiters AS w WHERE w.job_id = c.id) END AS waiters_told,
        CASE WHEN c.id IS NULL AND j.status IN ('pending', 'retrying', 'processing')
             THEN pg_notify('jobqueue', 'cancel:' || CAST(j.id AS text)) END AS asked
-FROM jobs AS j LEFT JOIN cancelled AS c ON c.id = j.id
-WHERE j.id = :id;
+FROM jobqueue_all_jobs AS j LEFT JOIN cancelled AS c ON c.id = j.id
+WHERE j.id = :id AND (j.completed_at IS NULL OR j.completed_at >= jobqueue_id_floor(:id));
 
 -- ---- Schedules ----
 
@@ -1352,7 +1461,7 @@ LEFT JOIN LATERAL (
            percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
                ORDER BY extract(epoch FROM j.completed_at - greatest(j.created_at, j.run_at)))
                FILTER (WHERE j.status = 'completed') AS latency
-    FROM jobs AS j
+    FROM jobqueue_all_jobs AS j
     WHERE j.completed_at >= to_timestamp(s.since)
     GROUP BY 1
 ) AS b ON true
@@ -1368,7 +1477,7 @@ ORDER BY b.bucket;
 SELECT id, job_type, queue, priority, status, retry_count, max_retries, error_message,
        run_at, created_at, started_at, completed_at,
        jsonb_array_length(error_history) + 1 AS attempts, completed_at AS at
-FROM jobs
+FROM jobqueue_all_jobs
 WHERE status = 'completed' AND completed_at IS NOT NULL
   AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
   AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))
@@ -1382,7 +1491,7 @@ LIMIT :limit;
 SELECT id, job_type, queue, priority, status, retry_count, max_retries, error_message,
        run_at, created_at, started_at, completed_at,
        jsonb_array_length(error_history) AS attempts, completed_at AS at
-FROM jobs
+FROM jobqueue_all_jobs
 WHERE status = 'failed'
   AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
   AND (CAST(:job_type AS text) IS NULL OR job_type = CAST(:job_type AS text))

@@ -58,8 +58,13 @@ class WorkerConfig:
     grace_period: seconds running handlers get to finish after SIGTERM.
     retry_policy: the backoff between a failed attempt and the next.
     burst: stop once nothing is due (tests, benchmarks, cron-style draining).
-    keep_completed / keep_failed: seconds finished jobs are kept before the
-        maintenance leader prunes them.
+    keep_completed / keep_failed: seconds finished jobs are kept. The
+        maintenance leader drops a day of history (UTC) once all of it is
+        past retention: a job is kept that long, and less than a day more.
+    archive_after: seconds a finished job stays in `jobs` before the
+        maintenance leader moves it to the history (`jobqueue_history`,
+        partitioned by day), where every read by id and every list still
+        finds it. Short keeps `jobs` holding little but the unfinished.
     summary_interval: seconds between INFO lines that sum up what the worker
         did (counts, rate, latency percentiles); 0: none. Each job's own line
         is at DEBUG (a line per job would cost a fast worker half its speed);
@@ -88,8 +93,9 @@ class WorkerConfig:
     grace_period: float = 30.0
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     burst: bool = False
-    keep_completed: float = 7 * DAY
-    keep_failed: float = 30 * DAY
+    keep_completed: float = DAY
+    keep_failed: float = 7 * DAY
+    archive_after: float = 60.0
     summary_interval: float = 10.0
     threads: int = DEFAULT_THREADS
     queues: tuple[tuple[str, int | None], ...] = ()
@@ -102,8 +108,6 @@ class WorkerConfig:
             raise ValueError("concurrency must be at least 1")
         if self.batch_size < 1:
             raise ValueError("batch size must be at least 1")
-        if not 0 <= self.quick_batch < math.inf:
-            raise ValueError("quick batch must be a finite number of seconds, 0 or more")
         if self.savepoints not in SAVEPOINT_MODES:
             raise ValueError(f"savepoints must be one of {', '.join(SAVEPOINT_MODES)}, "
                              f"not {self.savepoints!r}")
@@ -113,10 +117,11 @@ class WorkerConfig:
             raise ValueError("grace period must not be negative")
         if self.lease < 0.5:
             raise ValueError("lease must be at least 0.5 seconds")
-        if self.keep_completed < 0 or self.keep_failed < 0:
-            raise ValueError("retention must not be negative")
-        if not 0 <= self.summary_interval < math.inf:
-            raise ValueError("summary interval must be a finite number of seconds, 0 or more")
+        for name in ("quick_batch", "keep_completed", "keep_failed", "archive_after",
+                     "summary_interval"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"{name.replace('_', ' ')} must be a finite number of "
+                                 "seconds, 0 or more")
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) \
                 or self.threads < 1:
             raise ValueError(f"threads must be a whole number, 1 or more, not {self.threads!r}")
@@ -141,7 +146,7 @@ class WorkerConfig:
     @property
     def statement_timeout(self) -> float:
         """Seconds any statement on the upkeep connections may take: half the
-        lease, so a statement stuck behind a lock (or a slow prune) gives up
+        lease, so a statement stuck behind a lock (or a slow chore) gives up
         while this worker's heartbeat can still come in time."""
         return self.lease / 2
 

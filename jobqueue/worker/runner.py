@@ -96,7 +96,7 @@ class JobRunner:
     config: a `WorkerConfig`, or its fields as keyword arguments (`settings`):
         concurrency, batch_size, quick_batch, savepoints, shared, lease,
         poll_interval, grace_period, retry_policy, burst, keep_completed,
-        keep_failed, summary_interval, threads (see `WorkerConfig` for each).
+        keep_failed, archive_after, summary_interval, threads (see `WorkerConfig` for each).
     install_signal_handlers: SIGTERM and SIGINT call `stop()` while `run()` runs.
     """
 

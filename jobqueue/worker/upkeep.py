@@ -9,14 +9,15 @@ their own, so that neither ever waits for the other:
 - `Leader`, on the *monitor* connection (shared with the runner's hand-backs,
   under its lock): contest the maintenance leader's lock, and, as leader,
   return the jobs of dead workers to the queue (rescue), enqueue the ticks of
-  recurring jobs that are due (`scheduler.py`) and delete finished jobs past
-  their retention (prune, in slices).
+  recurring jobs that are due (`scheduler.py`), move finished jobs from
+  `jobs` to the history a slice per tick (archive), and drop the history's
+  days past their retention (expire, a partition at a time).
 
 Every statement on these connections gives up after the config's
-`statement_timeout`, half the lease: a prune stuck behind a lock fails and
-waits its minute instead of holding a connection indefinitely, and a slow
-one can no longer delay this worker's own heartbeat, which used to share
-its connection and lock. Each chore is one statement of `queries.sql`;
+`statement_timeout`, half the lease: a chore stuck behind a lock fails and
+is tried again later instead of holding a connection indefinitely, and a
+slow one can no longer delay this worker's own heartbeat, which used to
+share its connection and lock. Each chore is one statement of `queries.sql`;
 `run_once()` does one tick, so tests and notebooks can drive it step by step.
 """
 
@@ -42,9 +43,8 @@ from jobqueue.worker.stats import WorkerStats
 logger = logging.getLogger("jobqueue.maintenance")
 
 DEFAULT_POLICY = RetryPolicy()
-PRUNE_EVERY = 60.0  # seconds between pruning passes that find little to do
-PRUNE_SLICE = 10_000  # most jobs one pruning statement deletes; a full slice
-# means more are waiting, so the next tick prunes again instead of a minute later
+ARCHIVE_SLICE = 10_000  # most finished jobs one tick moves to the history
+EXPIRE_EVERY = 60.0  # seconds between looks for history days past retention
 
 
 class Fenced(Exception):
@@ -65,10 +65,10 @@ async def connect(url: str, application_name: str, config: WorkerConfig) -> asyn
     that is down would hold every heartbeat (a statement timeout does not
     end that wait), and the worker would start over and over, each life
     leaving its backends waiting. Nothing upkeep writes needs a standby's
-    copy: a heartbeat, a registration, a rescue, a hand-back, a prune or a
-    fired tick that a failover loses is done again by the next tick or life,
-    and a job's claim or completion, committed synchronously, carries every
-    earlier commit of the primary with it to the standby."""
+    copy: a heartbeat, a registration, a rescue, a hand-back, a move to the
+    history or a fired tick that a failover loses is done again by the next
+    tick or life, and a job's claim or completion, committed synchronously,
+    carries every earlier commit of the primary with it to the standby."""
     timeout_ms = max(1, int(config.statement_timeout * 1000))
     return await db.connect(url, application_name=application_name,
                             settings={"statement_timeout": f"{timeout_ms}ms",
@@ -104,10 +104,31 @@ async def fence(conn: asyncpg.Connection, lease: float, self_id: int) -> list[tu
     return [(r["id"], r["terminated"]) for r in rows if r["hung"]]
 
 
-async def prune(conn: asyncpg.Connection, keep_completed: float, keep_failed: float) -> int:
-    status = await queries["prune"].execute(
-        conn, keep_completed=keep_completed, keep_failed=keep_failed, limit=PRUNE_SLICE)
-    return int(status.split()[-1])
+async def archive(conn: asyncpg.Connection, config: WorkerConfig) -> int:
+    """Move the oldest slice of jobs finished `config.archive_after` seconds
+    ago to the history (those already past retention: deleted); how many
+    left `jobs`. The days they finished on get their partitions first."""
+    params = {"after": config.archive_after, "keep_completed": config.keep_completed,
+              "keep_failed": config.keep_failed, "limit": ARCHIVE_SLICE}
+    for row in await queries["archive_days"].fetch(conn, **params):
+        await queries["history_add"].fetchval(conn, day=row["day"])
+    return int(await queries["archive"].fetchval(conn, **params))
+
+
+async def expire(conn: asyncpg.Connection, config: WorkerConfig) -> int:
+    """Drop the history's partitions whose whole day is past retention; how
+    many. Each in a transaction of its own: one whose lock is not had at
+    once (a long read of the history) is left for the next pass."""
+    dropped = 0
+    for row in await queries["history_expired"].fetch(
+            conn, keep_completed=config.keep_completed, keep_failed=config.keep_failed):
+        try:
+            dropped += bool(await queries["history_drop"].fetchval(
+                conn, status=row["status"], day=row["day"]))
+        except asyncpg.LockNotAvailableError:
+            logger.info("history of %s jobs of %s not dropped yet: in use",
+                        row["status"], row["day"])
+    return dropped
 
 
 def _note_rescued(rescued: int, stats: WorkerStats) -> None:
@@ -163,7 +184,7 @@ class Heartbeat:
 
 
 class Leader:
-    """The maintenance leader's chores (rescue, recurring jobs, prune), for
+    """The maintenance leader's chores (rescue, recurring jobs, history), for
     one life of one worker; every worker contests the lock, one holds it.
     `schedules`: the recurring jobs of the worker's registry, which only the
     leader enqueues."""
@@ -178,14 +199,14 @@ class Leader:
         self.lock = lock  # the connection's: the runner hands jobs back on it too
         self.scheduler = Scheduler(schedules or {})
         self.leader = False
-        self.last_prune = 0.0
+        self.last_expire = 0.0
 
     async def run_forever(self) -> None:
         await _every_tick(self.run_once, self.config.tick)
 
     async def run_once(self) -> dict[str, Any]:
         config = self.config
-        rescued = scheduled = pruned = 0
+        rescued = scheduled = archived = expired = 0
         async with self.lock:
             if not self.leader:
                 self.leader = bool(await queries["try_lock"].fetchval(
@@ -195,21 +216,22 @@ class Leader:
             if self.leader:
                 rescued = await rescue(self.conn, config.retry_policy)
                 scheduled = await self._schedule()
+                archived = await archive(self.conn, config)
                 now = asyncio.get_running_loop().time()
-                if now - self.last_prune >= PRUNE_EVERY:
-                    self.last_prune = now  # a pass that fails waits its minute too
-                    pruned = await prune(self.conn, config.keep_completed, config.keep_failed)
-                    if pruned >= PRUNE_SLICE:
-                        self.last_prune = now - PRUNE_EVERY
+                if now - self.last_expire >= EXPIRE_EVERY:
+                    self.last_expire = now  # a pass that fails waits its minute too
+                    expired = await expire(self.conn, config)
         _note_rescued(rescued, self.stats)
-        if pruned:
-            logger.info("pruned %d finished job(s) past retention", pruned)
+        if archived:
+            logger.debug("moved %d finished job(s) to the history", archived)
+        if expired:
+            logger.info("dropped %d day(s) of history past retention", expired)
         return {"leader": self.leader, "rescued": rescued, "scheduled": scheduled,
-                "pruned": pruned}
+                "archived": archived, "expired": expired}
 
     async def _schedule(self) -> int:
         """Recurring jobs due, enqueued. A failure here (a statement timeout)
-        is logged and tried again next tick without holding up the pruning
+        is logged and tried again next tick without holding up the history
         after it; a lost connection ends the life, as everywhere."""
         try:
             return await self.scheduler.run_once(self.conn)

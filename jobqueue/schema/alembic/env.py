@@ -8,7 +8,7 @@ from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 
 from jobqueue.db import create_engine, database_url
-from jobqueue.schema.models import Base
+from jobqueue.schema.models import Base, described
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
@@ -36,6 +36,7 @@ def _configure(connection: Connection | None = None, **kwargs: object) -> None:
         compare_type=True,
         compare_server_default=True,
         transaction_per_migration=True,
+        include_name=described,
         **kwargs,
     )
 
