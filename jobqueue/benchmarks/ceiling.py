@@ -265,7 +265,7 @@ def batch_steps(conn: asyncpg.Connection, batch: int) -> Rows:
 def filler(conn: asyncpg.Connection, job_type: str) -> Callable[[int], Awaitable[None]]:
     """n jobs of `job_type`, before each timed run."""
     async def fill(n: int) -> None:
-        await conn.execute("TRUNCATE jobs, jobqueue_workers")
+        await conn.execute(f"{scenarios.TRUNCATE_JOBS}, jobqueue_workers")
         await conn.execute("INSERT INTO jobs (job_type) SELECT $1 FROM generate_series(1, $2)",
                            job_type, n)
         await conn.execute("VACUUM ANALYZE jobs")

@@ -35,7 +35,7 @@ from jobqueue.benchmarks.scenarios import steps
 from jobqueue.embedded.pair import EmbeddedPair, migrated_pair
 from jobqueue.testing import WorkerProcess, in_state, wait_for
 
-_COMPLETED = "SELECT id, completed_at FROM jobs WHERE status = 'completed'"
+_COMPLETED = "SELECT id, completed_at FROM jobqueue_all_jobs WHERE status = 'completed'"
 
 
 async def failover_trial(pair: EmbeddedPair, *, jobs: int = 1000, job_seconds: float = 0.005,
@@ -72,10 +72,10 @@ async def failover_trial(pair: EmbeddedPair, *, jobs: int = 1000, job_seconds: f
         promotion = await pair.promote()
         promoted: datetime = await clock.fetchval("SELECT clock_timestamp()")
         first: datetime = await wait_for(lambda: clock.fetchval(
-            "SELECT min(completed_at) FROM jobs WHERE completed_at > $1", killed),
+            "SELECT min(completed_at) FROM jobqueue_all_jobs WHERE completed_at > $1", killed),
             timeout=60, interval=0.005, message="the first completion on the new primary")
         await wait_for(lambda: clock.fetchval(
-            "SELECT count(*) = $1 FROM jobs WHERE status = 'completed'", jobs),
+            "SELECT count(*) = $1 FROM jobqueue_all_jobs WHERE status = 'completed'", jobs),
             timeout=120, interval=0.05, message="every job completed")
         after = dict(await clock.fetch(_COMPLETED))
         runs = await run_counts(clock, [], 0)

@@ -99,7 +99,7 @@ async def _course_drain(url: str, setup: Mapping[str, Any], n: int, handler: str
 JOBQUEUE = Peer(
     system="jobqueue", label=scenarios.worker_label,
     argv=lambda setup, handler: scenarios.worker_argv(handler, *jobqueue_flags(setup)),
-    truncate="TRUNCATE jobs, jobqueue_workers",
+    truncate=f"{scenarios.TRUNCATE_JOBS}, jobqueue_workers",
     #: The batch ledger too: every quick batch overwrites its lane's row.
     tables=("jobs", "jobqueue_batches"),
     worker=lambda url, log, args, drain: WorkerProcess(url, log, *args),
@@ -107,7 +107,7 @@ JOBQUEUE = Peer(
         "INSERT INTO jobs (job_type) VALUES ('noop') RETURNING id"),
     jobs_sql=("SELECT id, extract(epoch FROM created_at) AS enqueued,"
               " extract(epoch FROM started_at) AS started,"
-              " extract(epoch FROM completed_at) AS completed FROM jobs"),
+              " extract(epoch FROM completed_at) AS completed FROM jobqueue_all_jobs"),
     preset=lambda args, workers: CLI_DEFAULTS if workers == 1 and len(args) == 2 and (
         args[0] == "--import") else "",
     own_drain=_jobqueue_drain, open=scenarios.open_bench,

@@ -43,7 +43,7 @@ LONE_RATE = 50.0
 _DRAIN_LATENCY = """
 SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM completed_at - created_at)) AS latency
-FROM jobs"""
+FROM jobqueue_all_jobs"""
 CSV_FIELDS = ("kind", "n", "run", "seconds", "jobs_per_sec", "p50_ms", "p95_ms", "p99_ms",
               "batch_size", "concurrency")
 

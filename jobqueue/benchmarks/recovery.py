@@ -27,7 +27,7 @@ import asyncpg
 
 from jobqueue import db
 from jobqueue.benchmarks.recovery_runs import RUNS_TABLE
-from jobqueue.benchmarks.scenarios import steps, worker_options
+from jobqueue.benchmarks.scenarios import TRUNCATE_JOBS, steps, worker_options
 from jobqueue.testing import WorkerProcess, wait_for, worker_state
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
@@ -112,12 +112,12 @@ async def _freeze(conn: asyncpg.Connection, worker: WorkerProcess, worker_id: in
 
 
 _RUNS = """
-    SELECT (SELECT count(*) FROM jobs AS j
+    SELECT (SELECT count(*) FROM jobqueue_all_jobs AS j
              WHERE j.id = ANY($1::uuid[]) AND j.status = 'completed' AND j.worker_id = $2
                AND (SELECT count(*) FROM recovery_runs AS r WHERE r.job_id = j.id) = 1
            ) AS held_completed_once,
-           (SELECT count(*) FROM jobs WHERE status = 'completed') AS completed,
-           (SELECT count(*) FROM jobs AS j WHERE j.status = 'completed'
+           (SELECT count(*) FROM jobqueue_all_jobs WHERE status = 'completed') AS completed,
+           (SELECT count(*) FROM jobqueue_all_jobs AS j WHERE j.status = 'completed'
                AND (SELECT count(*) FROM recovery_runs AS r WHERE r.job_id = j.id) <> 1
            ) AS completed_not_once,
            (SELECT count(*) FROM (SELECT job_id FROM recovery_runs GROUP BY job_id
@@ -189,18 +189,20 @@ async def recovery_trial(
             signalled = await conn.fetchval("SELECT clock_timestamp()")
         first = await wait_for(
             lambda: conn.fetchval(
-                "SELECT min(completed_at) FROM jobs WHERE worker_id = $1 AND completed_at > $2",
+                "SELECT min(completed_at) FROM jobqueue_all_jobs"
+                " WHERE worker_id = $1 AND completed_at > $2",
                 standby_id, signalled),
             timeout=lease + 30, interval=0.01, message="the standby's first completion")
         started = await conn.fetchval(
-            "SELECT min(started_at) FROM jobs WHERE worker_id = $1 AND started_at > $2",
+            "SELECT min(started_at) FROM jobqueue_all_jobs"
+            " WHERE worker_id = $1 AND started_at > $2",
             standby_id, signalled)
         in_flight = await conn.fetchval(
             "SELECT count(*) FROM jobs WHERE status = 'processing' AND worker_id <> $1",
             standby_id)
         held_done = await wait_for(
             lambda: conn.fetchval(
-                "SELECT max(completed_at) FROM jobs WHERE id = ANY($1::uuid[])"
+                "SELECT max(completed_at) FROM jobqueue_all_jobs WHERE id = ANY($1::uuid[])"
                 " HAVING count(*) FILTER (WHERE status = 'completed') = $2", held, len(held)),
             timeout=lease + 30, interval=0.01, message="every held job completed") if held else None
         runs = await run_counts(conn, held, standby_id)
@@ -239,7 +241,7 @@ async def recovery_series(url: str, *, signals: Sequence[str], trials: int, leas
 
 
 async def reset(conn: asyncpg.Connection) -> None:
-    await conn.execute("TRUNCATE jobs, recovery_runs; DELETE FROM jobqueue_workers")
+    await conn.execute(f"{TRUNCATE_JOBS}, recovery_runs; DELETE FROM jobqueue_workers")
 
 
 async def stream(conn: asyncpg.Connection, jobs: int, job_seconds: float, under_way: int
@@ -252,7 +254,7 @@ async def stream(conn: asyncpg.Connection, jobs: int, job_seconds: float, under_
         " jsonb_build_object('seconds', $1::float8), clock_timestamp()"
         " FROM generate_series(1, $2)", job_seconds, jobs)
     await wait_for(lambda: conn.fetchval(
-        "SELECT count(*) >= $1 FROM jobs WHERE status = 'completed'", under_way),
+        "SELECT count(*) >= $1 FROM jobqueue_all_jobs WHERE status = 'completed'", under_way),
         timeout=60, message="work under way")
 
 
@@ -267,7 +269,7 @@ async def timeline(conn: asyncpg.Connection, signalled: datetime, first: datetim
     rows = await conn.fetch(
         "SELECT CASE WHEN worker_id = $1 THEN 'second' ELSE 'first' END AS worker,"
         " CAST(floor(extract(epoch FROM completed_at - $2) * 10) / 10 AS float8) AS t,"
-        " count(*) AS jobs FROM jobs"
+        " count(*) AS jobs FROM jobqueue_all_jobs"
         " WHERE completed_at BETWEEN $2::timestamptz - interval '1 second'"
         " AND $3::timestamptz + make_interval(secs => $4)"
         " GROUP BY 1, 2 ORDER BY 2, 1", standby_id, signalled, first, TIMELINE_AFTER)

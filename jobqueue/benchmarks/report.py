@@ -319,15 +319,27 @@ def _scale(results: Path) -> str:
         "÷ empty (median)": by["÷ empty"].median().map(
             lambda x: "" if pd.isna(x) else f"{x:.2f}"),
         "runs": by["run"].count(), "autovacuums": by["autovacuums"].sum()}).reset_index()
+    if "finished in" in reads:  # before and after the move to the history, side by side
+        answers = reads.groupby("read", sort=False)["answer"].last()
+        reads = reads.pivot(index="read", columns="finished in", values="ms").reindex(
+            index=answers.index, columns=reads["finished in"].unique()).rename(
+            columns=lambda c: f"ms, finished in {c}")
+        reads = reads.assign(**{"answer (last)": answers}).reset_index()
+    else:
+        reads = reads.rename(columns={"ms": "ms (median)"})
     lines = ["## At scale: a week of history and another service's backlog", "",
              f"`make bench-scale` (`notebooks/benchmarks/scale.ipynb`): {int(built['finished']):,} "
              f"finished jobs and {int(built['waiting']):,} waiting of another service's types; "
              f"the table came to {built['heap_mib']:,.0f} MiB of heap and "
-             f"{built['indexes_mib']:,.0f} MiB of indexes. {note('scale_build')}", "",
-             note("scale_reads"), "",
-             plots.markdown(reads.rename(columns={"ms": "ms (median)"}), ",.1f"), "",
-             note("scale_drains"), "",
-             plots.markdown(drained, ",.0f")]
+             f"{built['indexes_mib']:,.0f} MiB of indexes. {note('scale_build')}", ""]
+    if (results / "scale_retention.csv").exists():
+        retention = load("scale_retention", results)[0]
+        sizes = load("scale_sizes", results)[0]
+        lines += [note("scale_history"), "",
+                  plots.markdown(retention.drop(columns=["run"], errors="ignore"), ",.1f"), "",
+                  plots.markdown(sizes.drop(columns=["run"], errors="ignore"), ",.0f"), ""]
+    lines += [note("scale_reads"), "", plots.markdown(reads, ",.1f"), "",
+              note("scale_drains"), "", plots.markdown(drained, ",.0f")]
     if (results / "scale_migration.csv").exists():
         migrated = load("scale_migration", results)[0].astype(object).fillna("").iloc[0]
         for end in ("from", "to"):  # revisions: 0005, not 5

@@ -1,15 +1,20 @@
 """The queue at scale: a history of finished jobs and another service's
 backlog beside a worker, built to a size given as parameters.
 
-`build` fills a database as a busy queue leaves it after a week: `finished`
-jobs completed over `days` (a share of them failed for good) and `waiting`
-jobs of types this worker has no handler for, spread over ten queues of
-their own. On it, `operator_reads` times what an operator's tools read
-(`jobqueue status`, `/metrics`, `/queues`, the dashboard's overview and its
-live refresh, pages of `GET /jobs`) and `drains` times a worker started as
-the README starts it, at its defaults and with `--queues default`, draining
-jobs of its own beside the backlog. The notebook `scale.ipynb` sets the
-sizes (`param`), compares with a table that holds only the jobs drained.
+`build` fills a database as a busy queue of a release before the history
+(migration 0012) leaves it after a week: `finished` jobs completed over
+`days` (a share of them failed for good) in `jobs`, and `waiting` jobs of
+types this worker has no handler for, spread over ten queues of their own.
+On it, `delete_as_pruned` times retention as those releases did it (rows
+deleted in slices), `archive_all` moves the finished jobs into the history
+as the maintenance leader does after an upgrade, `expire_oldest` times
+retention as it is now (a day's partition dropped), `operator_reads` times
+what an operator's tools read (`jobqueue status`, `/metrics`, `/queues`,
+the dashboard's overview and its live refresh, pages of `GET /jobs`) and
+`drains` times a worker started as the README starts it, at its defaults
+and with `--queues default`, draining jobs of its own beside the backlog.
+The notebook `scale.ipynb` sets the sizes (`param`), compares with a table
+that holds only the jobs drained.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from jobqueue.ops import status
 from jobqueue.ops.api import SHARED_TTL, create_app
 from jobqueue.ops.dashboard.views import OVERVIEW_TTL
 from jobqueue.testing import WorkerProcess, wait_for
+from jobqueue.worker import WorkerConfig, upkeep
 
 #: The queues the backlog waits in, and its job types (none of them ours).
 BACKLOG_QUEUES = 10
@@ -52,6 +58,24 @@ SELECT pg_total_relation_size('jobs') / 1048576.0 AS total_mib,
        pg_relation_size('jobs') / 1048576.0 AS heap_mib,
        pg_indexes_size('jobs') / 1048576.0 AS indexes_mib,
        (SELECT count(*) FROM jobs) AS jobs"""
+#: The history's partitions (none before migration 0012), whole, with their indexes.
+_HISTORY = """
+SELECT count(*) AS partitions,
+       coalesce(sum(pg_total_relation_size(relid)), 0) / 1048576.0 AS history_mib
+FROM pg_partition_tree(to_regclass('jobqueue_history'))
+WHERE isleaf"""
+#: A job's id made at `at` (a timestamptz) in the layout of `jobqueue_id`
+#: (its first 48 bits the millisecond, as in UUIDv7) with `i` as the rest:
+#: the id the job would have had, had it been enqueued then.
+_ID_AT = """CAST(lpad(to_hex(u / 1000), 12, '0') || '7' || lpad(to_hex(u % 1000), 3, '0')
+                 || '8' || lpad(to_hex(i), 15, '0') AS uuid)"""
+#: Retention as releases before the history (0012) ran it, one slice of at
+#: most $2 rows past $1 seconds: the statement `prune`, without its waiters.
+OLD_PRUNE = """
+DELETE FROM jobs
+WHERE id IN (SELECT id FROM jobs
+             WHERE completed_at < now() - make_interval(secs => $1) AND status = 'completed'
+             LIMIT $2)"""
 
 
 @contextlib.asynccontextmanager
@@ -78,21 +102,28 @@ async def bulk_load(conn: asyncpg.Connection) -> AsyncIterator[None]:
 async def build(url: str, *, finished: int, waiting: int, days: float = 7.0,
                 failed_share: float = 0.01) -> dict[str, Any]:
     """Replace the jobs of `url` with `finished` finished jobs and `waiting`
-    waiting ones of the backlog, in one statement each (`bulk_load`)."""
+    waiting ones of the backlog, in one statement each (`bulk_load`), all in
+    `jobs`, as a release before the history kept them. Each finished job's
+    id is the one it would have had (`_ID_AT`, made when it was enqueued),
+    so that it is found by id once in the history."""
     async with connected(url) as conn:
-        await conn.execute("TRUNCATE jobs")
+        history = await conn.fetchval("SELECT to_regclass('jobqueue_history') IS NOT NULL")
+        await conn.execute("TRUNCATE jobs" + (", jobqueue_history, jobqueue_history_counts"
+                                              if history else ""))
         started = time.monotonic()
         async with bulk_load(conn):
-            await conn.execute("""
-                INSERT INTO jobs (job_type, payload, queue, status, created_at, started_at,
+            await conn.execute(f"""
+                INSERT INTO jobs (id, job_type, payload, queue, status, created_at, started_at,
                                   completed_at, run_at, error_message, worker_id)
-                SELECT 'job_' || (i % 5), jsonb_build_object('n', i), 'default',
+                SELECT {_ID_AT}, 'job_' || (i % 5), jsonb_build_object('n', i), 'default',
                        CASE WHEN i % $2 = 0 THEN 'failed' ELSE 'completed' END,
                        at - interval '2 ms', at - interval '1 ms', at, at - interval '2 ms',
                        CASE WHEN i % $2 = 0 THEN 'RuntimeError: boom' END, 1
                 FROM generate_series(1, $1) AS i,
                      LATERAL (SELECT now() - $3 * interval '1 day' * (1 - i::float8 / $1)
-                              AS at) t
+                              AS at) t,
+                     LATERAL (SELECT CAST(extract(epoch FROM at - interval '2 ms') * 1000000
+                                          AS bigint) AS u) m
                 """, finished, max(1, round(1 / failed_share)) if failed_share else finished + 1,
                 days)
             await conn.execute("""
@@ -104,6 +135,87 @@ async def build(url: str, *, finished: int, waiting: int, days: float = 7.0,
         row = dict(await conn.fetchrow(_SIZES) or {})
     return {"finished": finished, "waiting": waiting, "build_s": time.monotonic() - started,
             **{k: float(v) for k, v in row.items()}}
+
+
+async def sizes(url: str) -> dict[str, float]:
+    """How large `jobs` and the history are now, in MiB, and their rows."""
+    async with connected(url) as conn:
+        row = {**dict(await conn.fetchrow(_SIZES) or {}),
+               **dict(await conn.fetchrow(_HISTORY) or {})}
+    return {k: float(v) for k, v in row.items()}
+
+
+async def delete_as_pruned(url: str, *, rows: int, slice_rows: int = 10_000) -> dict[str, Any]:
+    """Retention as releases before the history ran it (`OLD_PRUNE`): `rows`
+    of the oldest completed jobs deleted, `slice_rows` a statement, each
+    timed. What it took per row is what a day of a busy queue's history
+    cost to let go of."""
+    times = []
+    async with connected(url) as conn:
+        cutoff = await conn.fetchval(
+            "SELECT extract(epoch FROM now() - completed_at) FROM jobs "
+            "WHERE status = 'completed' ORDER BY completed_at OFFSET $1 LIMIT 1", rows - 1)
+        deleted = 0
+        while deleted < rows:
+            start = time.perf_counter()
+            status = await conn.execute(OLD_PRUNE, float(cutoff) - 1e-3,
+                                        min(slice_rows, rows - deleted))
+            times.append(time.perf_counter() - start)
+            if not int(status.split()[-1]):
+                break
+            deleted += int(status.split()[-1])
+    return {"how": "rows deleted (before 0012)", "rows": deleted, "seconds": sum(times),
+            "rows_per_sec": deleted / sum(times), "statements": len(times),
+            "statement_p50_ms": quantile(times, 0.5) * 1000,
+            "statement_max_ms": max(times) * 1000}
+
+
+async def archive_all(url: str, *, keep_days: float = 30.0) -> dict[str, Any]:
+    """Every finished job moved from `jobs` to the history as the
+    maintenance leader moves them after an upgrade (`upkeep.archive`, a
+    slice of `upkeep.ARCHIVE_SLICE` at a time), without the leader's tick
+    between slices: the rate here is what the database can do, the
+    leader's one slice a tick caps it lower. Retention is `keep_days` for
+    both statuses, so that every job of the week moves (the defaults, a day
+    of completed jobs, would delete most of them instead). Then VACUUM
+    ANALYZE `jobs`, as autovacuum would after so many deletes."""
+    config = WorkerConfig(archive_after=0, keep_completed=keep_days * 86_400,
+                          keep_failed=keep_days * 86_400)
+    times, moved = [], 0
+    async with connected(url) as conn:
+        while True:
+            start = time.perf_counter()
+            n = await upkeep.archive(conn, config)
+            times.append(time.perf_counter() - start)
+            moved += n
+            if n < upkeep.ARCHIVE_SLICE:
+                break
+        vacuum_start = time.perf_counter()
+        await conn.execute("VACUUM ANALYZE jobs")
+        vacuum_s = time.perf_counter() - vacuum_start
+    return {"how": "moved to the history (0012)", "rows": moved, "seconds": sum(times),
+            "rows_per_sec": moved / sum(times), "statements": len(times),
+            "statement_p50_ms": quantile(times, 0.5) * 1000,
+            "statement_max_ms": max(times) * 1000, "vacuum_s": vacuum_s}
+
+
+async def expire_oldest(url: str, *, days: float = 7.0) -> dict[str, Any]:
+    """Retention as it is now (`upkeep.expire`): with both retentions a day
+    shorter than the `days` the history spans, the partitions of its oldest
+    whole days go. How many rows went with them (from the history's
+    counts), and how long it took."""
+    keep = (days - 1) * 86_400
+    config = WorkerConfig(keep_completed=keep, keep_failed=keep)
+    async with connected(url) as conn:
+        before = int(await conn.fetchval("SELECT sum(n) FROM jobqueue_history_counts"))
+        start = time.perf_counter()
+        dropped = await upkeep.expire(conn, config)
+        seconds = time.perf_counter() - start
+        after = int(await conn.fetchval("SELECT coalesce(sum(n), 0) FROM jobqueue_history_counts"))
+    return {"how": "days dropped (0012)", "rows": before - after, "seconds": seconds,
+            "rows_per_sec": (before - after) / seconds, "statements": dropped,
+            "statement_p50_ms": seconds / max(dropped, 1) * 1000,
+            "statement_max_ms": seconds * 1000}
 
 
 async def _timed(step: Callable[[], Awaitable[Any]], repeat: int,
@@ -201,16 +313,22 @@ async def drain_beside(url: str, *, n: int, flags: tuple[str, ...] = (),
     log = Path(tempfile.mkdtemp(prefix="jobqueue-scale-")) / "worker.log"
     async with connected(url) as conn:
         await conn.execute("DELETE FROM jobs WHERE job_type = 'noop'")
-        await conn.execute("INSERT INTO jobs (job_type, payload) "
-                           "SELECT 'noop', '{}' FROM generate_series(1, $1)", n)
+        # This drain's jobs are those from its first id on (ids sort in the
+        # order jobs were made): an earlier drain's, which the leader may
+        # have moved to the history meanwhile, are not among them.
+        first = await conn.fetchval(
+            "WITH new AS (INSERT INTO jobs (job_type, payload) "
+            "             SELECT 'noop', '{}' FROM generate_series(1, $1) RETURNING id) "
+            "SELECT id FROM new ORDER BY id LIMIT 1", n)
         await conn.execute("VACUUM ANALYZE jobs")
         before = await conn.fetchval("SELECT autovacuum_count FROM pg_stat_user_tables "
                                      "WHERE relid = 'jobs'::regclass")
         worker = WorkerProcess(url, log, *worker_argv("noop", *flags))
         try:
             await wait_for(lambda: conn.fetchval(
-                "SELECT count(*) = $1 FROM jobs WHERE job_type = 'noop' "
-                "AND status = 'completed'", n), timeout=timeout, interval=0.05,
+                "SELECT count(*) = $1 FROM jobqueue_all_jobs WHERE id >= $2 "
+                "AND job_type = 'noop' AND status = 'completed'", n, first),
+                timeout=timeout, interval=0.05,
                 message="our jobs drained")
             worker.signal(signal.SIGTERM)
             await worker.wait(60)
@@ -222,7 +340,7 @@ async def drain_beside(url: str, *, n: int, flags: tuple[str, ...] = (),
             "  WHERE relid = 'jobs'::regclass) AS autovacuums,"
             " (SELECT count(*) FROM jobs WHERE job_type <> 'noop'"
             "  AND status IN ('pending', 'retrying')) AS backlog"
-            " FROM jobs WHERE job_type = 'noop'")
+            " FROM jobqueue_all_jobs WHERE id >= $1 AND job_type = 'noop'", first)
     assert row is not None
     seconds = float(row["seconds"])
     return {"n": n, "flags": " ".join(flags) or "(defaults)", "seconds": seconds,

@@ -155,8 +155,12 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+#: Every job gone, finished or not: `jobs` and the history with its counts.
+TRUNCATE_JOBS = "TRUNCATE jobs, jobqueue_history, jobqueue_history_counts"
+
+
 async def _reset(conn: asyncpg.Connection, handler: str = "noop") -> None:
-    await conn.execute("TRUNCATE jobs, jobqueue_workers")
+    await conn.execute(f"{TRUNCATE_JOBS}, jobqueue_workers")
     await reset_writes(conn, handler)
 
 
@@ -353,9 +357,10 @@ _DRAINED = """
            extract(epoch FROM max(completed_at)) AS last,
            count(DISTINCT worker_id) AS workers_used,
            (SELECT extract(epoch FROM max(first) - min(first)) FROM
-              (SELECT min(started_at) AS first FROM jobs GROUP BY worker_id) AS w) AS skew,
+              (SELECT min(started_at) AS first FROM jobqueue_all_jobs
+               GROUP BY worker_id) AS w) AS skew,
            (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs') AS dead
-    FROM jobs"""
+    FROM jobqueue_all_jobs"""
 
 
 async def _drain(url: str, n: int, argv: Sequence[str], workers: int = 1,
@@ -463,13 +468,14 @@ async def open_loop(url: str, *, rate: float, seconds: float,
         total = max(1, round(rate * seconds))
         lateness = await arrivals(_insert_noop(pool), rate, total)
         await wait_for(lambda: conn.fetchval(
-            "SELECT count(*) = $1 FROM jobs WHERE status = 'completed'", total),
+            "SELECT count(*) = $1 FROM jobqueue_all_jobs WHERE status = 'completed'", total),
             timeout=seconds + 120, interval=0.05, message="every job completed")
         rows = await conn.fetch(
             "SELECT extract(epoch FROM started_at - created_at) AS to_start,"
             " extract(epoch FROM completed_at - created_at) AS to_complete,"
             " extract(epoch FROM created_at) AS created,"
-            " extract(epoch FROM completed_at) AS completed FROM jobs ORDER BY created_at")
+            " extract(epoch FROM completed_at) AS completed"
+            " FROM jobqueue_all_jobs ORDER BY created_at")
     created = [float(r["created"]) for r in rows]
     span = created[-1] - created[0]
     counted = [c - created[0] >= warmup for c in created]
@@ -492,8 +498,8 @@ async def open_loop(url: str, *, rate: float, seconds: float,
 async def soak(url: str, *, rate: float, seconds: float, keep_seconds: float,
                interval: float = 1.0, connections: int = 8,
                log_dir: Path | None = None) -> dict[str, Any]:
-    """A long steady run on one worker pruning jobs older than
-    `keep_seconds`, its table, backlog, autovacuums and memory sampled every
+    """A long steady run on one worker keeping completed jobs
+    `keep_seconds` (those past it are deleted as they leave `jobs`), its table, backlog, autovacuums and memory sampled every
     `interval` s: a healthy queue draws flat or saw-toothed lines, none
     climbing."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-soak-"))
@@ -784,7 +790,9 @@ async def fill_routed(conn: asyncpg.Connection, n: int, queues: Sequence[str],
 #: count as at once), and the most by which one did.
 _PRIORITY_ORDER = """
     WITH levels AS (
-        SELECT queue, priority, min(completed_at) AS first FROM jobs GROUP BY queue, priority
+        SELECT queue, priority, min(completed_at) AS first
+        FROM jobqueue_all_jobs
+        GROUP BY queue, priority
     ), bounds AS (
         SELECT queue, priority,
                min(first) OVER (PARTITION BY queue ORDER BY priority
@@ -793,7 +801,7 @@ _PRIORITY_ORDER = """
     )
     SELECT count(*) AS late_jobs,
            coalesce(extract(epoch FROM max(j.completed_at - b.lower_first)), 0) AS late_by
-    FROM jobs AS j JOIN bounds AS b USING (queue, priority)
+    FROM jobqueue_all_jobs AS j JOIN bounds AS b USING (queue, priority)
     WHERE j.completed_at > b.lower_first"""
 #: When each queue × priority had its first and last job completed, in
 #: seconds from the drain's first claim.
@@ -801,7 +809,7 @@ _SPANS = """
     SELECT queue, priority, count(*) AS jobs,
            extract(epoch FROM min(completed_at) - t0) AS first_s,
            extract(epoch FROM max(completed_at) - t0) AS last_s
-    FROM jobs, (SELECT min(started_at) AS t0 FROM jobs) AS s
+    FROM jobqueue_all_jobs, (SELECT min(started_at) AS t0 FROM jobqueue_all_jobs) AS s
     GROUP BY queue, priority, t0
     ORDER BY queue, priority DESC"""
 

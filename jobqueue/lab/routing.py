@@ -70,7 +70,7 @@ async def run_order(conn: asyncpg.Connection, jobs: Mapping[str, uuid.UUID]) -> 
         "CASE WHEN completed_at IS NOT NULL "
         "     THEN rank() OVER (PARTITION BY completed_at IS NULL ORDER BY completed_at) END "
         "     AS ran "
-        "FROM jobs WHERE id = ANY($1)", list(jobs.values()))}
+        "FROM jobqueue_all_jobs WHERE id = ANY($1)", list(jobs.values()))}
     table = []
     for label, job_id in jobs.items():
         r = rows[job_id]
@@ -104,7 +104,7 @@ def by_priority(table: pd.DataFrame, queue: str) -> list[str]:
 #: another began never ran beside it).
 MOST_AT_ONCE = """
 WITH ran AS (
-    SELECT started_at, completed_at FROM jobs
+    SELECT started_at, completed_at FROM jobqueue_all_jobs
     WHERE id = ANY($1) AND started_at IS NOT NULL AND completed_at IS NOT NULL
 ), edges AS (
     SELECT started_at AS at, 1 AS delta FROM ran
@@ -130,7 +130,8 @@ async def spans(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> pd.DataFr
     rows = await conn.fetch(
         "SELECT extract(epoch FROM started_at - min(started_at) OVER ()) AS start, "
         "extract(epoch FROM completed_at - min(started_at) OVER ()) AS end "
-        "FROM jobs WHERE id = ANY($1) AND started_at IS NOT NULL AND completed_at IS NOT NULL "
+        "FROM jobqueue_all_jobs "
+        "WHERE id = ANY($1) AND started_at IS NOT NULL AND completed_at IS NOT NULL "
         "ORDER BY started_at, completed_at", list(ids))
     return pd.DataFrame([{"start": float(r["start"]), "end": float(r["end"])} for r in rows],
                         columns=["start", "end"])
@@ -216,7 +217,7 @@ async def scheduled_jobs(conn: asyncpg.Connection, job_type: str) -> pd.DataFram
 
     rows = await conn.fetch(
         "SELECT CAST(payload ->> 'tick' AS timestamptz) AS tick, payload::text AS payload, "
-        "queue, priority, status, unique_key FROM jobs WHERE job_type = $1 "
+        "queue, priority, status, unique_key FROM jobqueue_all_jobs WHERE job_type = $1 "
         "ORDER BY tick", job_type)
     return pd.DataFrame([{"tick": time_of_day(r["tick"]), "payload": r["payload"],
                           "queue": r["queue"], "priority": r["priority"],

@@ -166,7 +166,7 @@ async def job_outcomes(conn: asyncpg.Connection) -> Any:
     rows = await conn.fetch(
         """SELECT payload->>'payment_id' AS payment_id, job_type, status,
                   retry_count, error_message
-           FROM jobs ORDER BY payload->>'payment_id', created_at""")
+           FROM jobqueue_all_jobs ORDER BY payload->>'payment_id', created_at""")
     return lab.table({"payment_id": r["payment_id"], "job_type": r["job_type"],
                       "status": r["status"], "error": error_kind(r["error_message"])}
                      for r in rows)

@@ -144,7 +144,7 @@ def lesson_registry() -> HandlerRegistry:
 async def count_jobs(conn: asyncpg.Connection, job_type: str | None = None) -> int:
     """Jobs this connection can see (committed ones, from another connection)."""
     return int(await conn.fetchval(
-        "SELECT count(*) FROM jobs WHERE $1::text IS NULL OR job_type = $1", job_type))
+        "SELECT count(*) FROM jobqueue_all_jobs WHERE $1::text IS NULL OR job_type = $1", job_type))
 
 
 async def listen(conn: asyncpg.Connection, channel: str = "jobqueue") -> list[str]:
@@ -167,7 +167,7 @@ async def status_counts(conn: asyncpg.Connection, job_type: str | None = None
                         ) -> dict[str, int]:
     """{status: count}, for the statuses present, in the state machine's order."""
     rows = await conn.fetch(
-        "SELECT status, count(*) AS n FROM jobs "
+        "SELECT status, count(*) AS n FROM jobqueue_all_jobs "
         "WHERE $1::text IS NULL OR job_type = $1 GROUP BY status", job_type)
     found = {r["status"]: int(r["n"]) for r in rows}
     order = ("pending", "processing", "retrying", "completed", "failed")
@@ -196,7 +196,7 @@ async def jobs_table(conn: asyncpg.Connection, jobs: Mapping[str, uuid.UUID] | N
 
     sql = ("SELECT id, job_type, payload::text AS payload, status, retry_count, max_retries, "
            "jsonb_array_length(error_history) AS history, error_message, result::text AS result "
-           "FROM jobs WHERE ($1::uuid[] IS NULL OR id = ANY($1)) "
+           "FROM jobqueue_all_jobs WHERE ($1::uuid[] IS NULL OR id = ANY($1)) "
            "AND ($2::text IS NULL OR job_type = $2) ORDER BY created_at, id")
     ids = list(jobs.values()) if jobs is not None else None
     rows = {r["id"]: r for r in await conn.fetch(sql, ids, job_type)}
@@ -221,7 +221,7 @@ async def wait_finished(conn: asyncpg.Connection, ids: Iterable[uuid.UUID],
 
     async def finished() -> bool:
         n = await conn.fetchval(
-            "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = ANY($2)",
+            "SELECT count(*) FROM jobqueue_all_jobs WHERE id = ANY($1) AND status = ANY($2)",
             wanted, list(FINISHED))
         return bool(n == len(wanted))
 
@@ -233,7 +233,7 @@ async def wait_status(conn: asyncpg.Connection, job_id: uuid.UUID, status: str,
     """Until job `job_id` has `status`; returns it."""
 
     async def reached() -> str | None:
-        now = await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job_id)
+        now = await conn.fetchval("SELECT status FROM jobqueue_all_jobs WHERE id = $1", job_id)
         return now if now == status else None
 
     return str(await wait_for(reached, timeout=timeout, message=f"status {status}"))
@@ -244,7 +244,8 @@ async def outcome(conn: asyncpg.Connection, job_id: uuid.UUID) -> dict[str, Any]
     handler ran (every failed run left an entry in `error_history`)."""
     row = await conn.fetchrow(
         "SELECT status, retry_count, jsonb_array_length(error_history) "
-        "+ CASE WHEN status = 'completed' THEN 1 ELSE 0 END AS runs FROM jobs WHERE id = $1",
+        "+ CASE WHEN status = 'completed' THEN 1 ELSE 0 END AS runs "
+        "FROM jobqueue_all_jobs WHERE id = $1",
         job_id)
     return {"runs": row["runs"], "retry_count": row["retry_count"], "status": row["status"]}
 
@@ -255,7 +256,7 @@ async def retry_scheduled_after(conn: asyncpg.Connection, job_id: uuid.UUID) -> 
     written by the same statement, so this is exactly the backoff chosen."""
     return float(await conn.fetchval(
         "SELECT extract(epoch FROM next_retry_at "
-        "- CAST(error_history -> -1 ->> 'at' AS timestamptz)) FROM jobs WHERE id = $1",
+        "- CAST(error_history -> -1 ->> 'at' AS timestamptz)) FROM jobqueue_all_jobs WHERE id = $1",
         job_id))
 
 
@@ -264,7 +265,7 @@ async def error_lengths(conn: asyncpg.Connection, job_id: uuid.UUID) -> dict[str
     row = await conn.fetchrow(
         "SELECT length(error_message) AS message, "
         "ARRAY(SELECT length(e ->> 'error') FROM jsonb_array_elements(error_history) AS e) "
-        "AS history FROM jobs WHERE id = $1", job_id)
+        "AS history FROM jobqueue_all_jobs WHERE id = $1", job_id)
     return {"error_message": row["message"],
             **{f"history[{i}]": n for i, n in enumerate(row["history"])}}
 
@@ -287,7 +288,7 @@ async def attempt_timeline(conn: asyncpg.Connection, jobs: Mapping[str, uuid.UUI
     rows: list[dict[str, Any]] = []
     for label, job_id in jobs.items():
         rec = await conn.fetchrow(
-            "SELECT status, error_history::text AS history, completed_at FROM jobs "
+            "SELECT status, error_history::text AS history, completed_at FROM jobqueue_all_jobs "
             "WHERE id = $1", job_id)
         attempts = [(e["attempt"], "failed", datetime.fromisoformat(e["at"]), e["error"])
                     for e in json.loads(rec["history"])]
@@ -656,7 +657,7 @@ async def completions(conn: asyncpg.Connection, crew: Crew, since: datetime,
     await crew.workers(conn)
     rows = await conn.fetch(
         "SELECT worker_id, extract(epoch FROM completed_at - $1::timestamptz) AS seconds "
-        "FROM jobs WHERE id = ANY($2) AND status = 'completed' ORDER BY completed_at",
+        "FROM jobqueue_all_jobs WHERE id = ANY($2) AND status = 'completed' ORDER BY completed_at",
         since, list(ids))
     return pd.DataFrame([{"worker": crew.labels.get(r["worker_id"], "other"),
                           "seconds": float(r["seconds"])} for r in rows],
@@ -773,7 +774,7 @@ async def fate(conn: asyncpg.Connection, crew: Crew, ids: Sequence[uuid.UUID]
         "SELECT j.status, j.retry_count, j.worker_id, "
         "(SELECT count(*) FROM lab_writes AS w WHERE w.job_id = j.id) AS writes, "
         "ARRAY(SELECT w.attempt FROM lab_writes AS w WHERE w.job_id = j.id) AS attempts "
-        "FROM jobs AS j WHERE j.id = ANY($1)", list(ids))
+        "FROM jobqueue_all_jobs AS j WHERE j.id = ANY($1)", list(ids))
     if len(rows) != len(ids):
         raise LookupError(f"{len(ids) - len(rows)} of the jobs do not exist")
 
@@ -791,7 +792,8 @@ async def jobs_health(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> dic
     """Every job of `ids` accounted for: how many exist, and how many in each status."""
     counts = dict.fromkeys(("completed", "processing", "pending", "retrying", "failed"), 0)
     for r in await conn.fetch(
-            "SELECT status, count(*) AS n FROM jobs WHERE id = ANY($1) GROUP BY status",
+            "SELECT status, count(*) AS n FROM jobqueue_all_jobs "
+            "WHERE id = ANY($1) GROUP BY status",
             list(ids)):
         counts[r["status"]] = int(r["n"])
     return {"enqueued": len(ids), "found": sum(counts.values()), **counts}
@@ -799,7 +801,8 @@ async def jobs_health(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> dic
 
 async def completed_count(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> int:
     return int(await conn.fetchval(
-        "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = 'completed'", list(ids)))
+        "SELECT count(*) FROM jobqueue_all_jobs WHERE id = ANY($1) AND status = 'completed'",
+        list(ids)))
 
 
 async def wait_completed(conn: asyncpg.Connection, ids: Sequence[uuid.UUID], at_least: int,

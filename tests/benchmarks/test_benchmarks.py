@@ -330,7 +330,14 @@ def test_the_scale_section_renders_from_its_files_and_says_which_run(tmp_path: P
             ("scale_build", [{"finished": 1000, "waiting": 100, "build_s": 1.0,
                               "total_mib": 3.0, "heap_mib": 2.0, "indexes_mib": 1.0,
                               "jobs": 1100}]),
-            ("scale_reads", [{"read": "GET /metrics", "ms": 2254.4, "answer": "200"}]),
+            ("scale_reads", [
+                {"read": "GET /metrics", "ms": 2254.4, "answer": "200; estimated: completed",
+                 "finished in": "jobs"},
+                {"read": "GET /metrics", "ms": 101.5, "answer": "200", "finished in": "history"}]),
+            ("scale_retention", [
+                {"how": "rows deleted (before 0012)", "rows": 100, "rows_per_sec": 16_000.0},
+                {"how": "days dropped (0012)", "rows": 900, "rows_per_sec": 2_000_000.0}]),
+            ("scale_sizes", [{"when": "after the move", "jobs": 100, "history_mib": 7.0}]),
             ("scale_drains", [
                 {"n": 50, "flags": "(defaults)", "jobs_per_sec": 1000.0, "autovacuums": 0,
                  "run": 1, "table": "nothing else", "÷ empty": None},
@@ -344,7 +351,10 @@ def test_the_scale_section_renders_from_its_files_and_says_which_run(tmp_path: P
     section = text[text.index("## At scale"):]
     assert "**Not from the run above**: run" in section  # no run record: its own stamp
     assert "1,000 finished jobs and 100 waiting" in section
-    assert "| GET /metrics | 2,254.4 | 200 |" in section
+    assert "| read | ms, finished in jobs | ms, finished in history | answer (last) |" in section
+    assert "| GET /metrics | 2,254.4 | 101.5 | 200 |" in section
+    assert "| days dropped (0012) | 900 | 2,000,000.0 |" in section
+    assert report.note("scale_history") in section
     assert "| built above | (defaults) | 800 | 0.80 | 1 | 1 |" in section
     assert "| 0005 | 0010 |" in section
     assert report.note("scale_drains") in section

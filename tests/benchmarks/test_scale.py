@@ -61,3 +61,35 @@ async def test_past_the_exact_count_every_counting_read_says_it_estimates(
     assert answers["dashboard live refresh"] == "200" + said
     assert answers["jobqueue status, its summary"] == "read" + said
     assert answers["GET /jobs, first page"] == "200"  # lists count nothing
+
+
+async def test_the_finished_jobs_move_to_the_history_and_retention_drops_days(
+        bench_url: str) -> None:
+    await scale.build(bench_url, finished=routing.EXACT_FINISHED + 5_000, waiting=20,
+                      failed_share=0.25)
+    pruned = await scale.delete_as_pruned(bench_url, rows=25, slice_rows=10)
+    assert pruned["rows"] == 25 and pruned["statements"] == 3
+    moved = await scale.archive_all(bench_url)
+    finished = routing.EXACT_FINISHED + 5_000 - 25
+    assert moved["rows"] == finished and moved["rows_per_sec"] > 0
+    sizes = await scale.sizes(bench_url)
+    assert sizes["jobs"] == 20 and sizes["partitions"] >= 14  # two statuses, 7 days and more
+    # Past the exact count, but all in the history: counted, not estimated.
+    answers = {r["read"]: r["answer"] for r in await scale.operator_reads(bench_url, repeat=1)}
+    assert answers["GET /metrics"] == answers["GET /queues"] == "200", answers
+    assert answers["jobqueue status, its summary"] == "read"
+    async with scenarios.connected(bench_url) as conn:
+        oldest = await conn.fetchrow("SELECT id, status FROM jobqueue_history "
+                                     "ORDER BY completed_at LIMIT 1")
+        found = await conn.fetchval("SELECT status FROM jobqueue_all_jobs WHERE id = $1 AND "
+                                    "(completed_at IS NULL OR completed_at >= "
+                                    "jobqueue_id_floor($1))", oldest["id"])
+    assert found == oldest["status"]  # its id carries the day it was made
+
+    expired = await scale.expire_oldest(bench_url)
+    assert expired["statements"] >= 2 and 0 < expired["rows"] < finished
+    async with scenarios.connected(bench_url) as conn:
+        left = await conn.fetchval("SELECT count(*) FROM jobqueue_history")
+        oldest = await conn.fetchval("SELECT extract(epoch FROM now() - min(completed_at)) "
+                                     "/ 86400 FROM jobqueue_history")
+    assert left == finished - expired["rows"] and oldest < 7
