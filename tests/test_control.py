@@ -18,6 +18,7 @@ from jobqueue.api import TOKEN_ENV, create_app
 from jobqueue.schema.locks import CANCEL_PREFIX, CHANNEL, DONE_CHANNEL, WORKER_LOCK_CLASS
 from jobqueue.schema.queries import queries
 from jobqueue.testing import drain, wait_for
+from jobqueue.worker import WorkerConfig, upkeep
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.asyncio
@@ -212,8 +213,7 @@ async def test_archive_forgets_waiters_whose_connection_or_job_is_gone(
     await conn.execute("INSERT INTO jobqueue_waiters (job_id, pid, since) "
                        "VALUES ($1, $2, '2000-01-01')", uuid.uuid4(), mine)
     assert await conn.fetchval("SELECT count(*) FROM jobqueue_waiters") == 4
-    moved = await queries["archive"].fetchval(conn, after=0, keep_completed=3600,
-                                              keep_failed=3600, limit=100)
+    moved, _ = await upkeep.archive(conn, WorkerConfig(archive_after=0))
     assert moved == 0  # the job is waiting: it stays
     left = await conn.fetch("SELECT job_id, pid FROM jobqueue_waiters")
     assert [tuple(r) for r in left] == [(job_id, mine)]

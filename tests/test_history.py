@@ -90,10 +90,10 @@ async def test_archive_moves_finished_jobs_and_deletes_those_past_retention(
     await add_jobs(conn, 1, "completed", 3 * DAY)  # past retention too
     await add_jobs(conn, 5, "pending", None)
     config = WorkerConfig(archive_after=60, keep_completed=DAY, keep_failed=DAY)
-    assert await upkeep.archive(conn, config) == 9
+    assert (await upkeep.archive(conn, config))[0] == 9
     assert await where(conn) == {"jobs": {"completed": 2, "pending": 5},
                                  "jobqueue_history": {"completed": 3, "failed": 4}}
-    assert await upkeep.archive(conn, config) == 0
+    assert (await upkeep.archive(conn, config))[0] == 0
     counts = await queries["history_counts"].rows(conn)
     assert {(r["status"], r["queue"], r["job_type"], r["n"]) for r in counts} == {
         ("completed", "default", "noop", 3), ("failed", "default", "noop", 4)}
@@ -110,13 +110,28 @@ async def test_a_full_slice_moves_again_next_tick(
     assert await where(conn) == {"jobs": {}, "jobqueue_history": {"completed": 5}}
 
 
+async def test_slices_go_on_from_where_the_last_ended_and_once_a_minute_from_the_front(
+    conn: asyncpg.Connection
+) -> None:
+    await add_jobs(conn, 2, "completed", 2 * HOUR)
+    chores = upkeep.Leader(NOW_ONLY, conn, 4244, WorkerStats(), asyncio.Lock())
+    assert (await chores.run_once())["archived"] == 2  # the first tick looks from the front
+    # A job whose completion committed late: finished before the slice's end.
+    [late] = await add_jobs(conn, 1, "completed", 3 * HOUR)
+    assert (await chores.run_once())["archived"] == 0
+    assert await conn.fetchval("SELECT count(*) FROM jobs WHERE id = $1", late) == 1
+    chores.last_expire -= upkeep.EXPIRE_EVERY  # a minute later
+    assert (await chores.run_once())["archived"] == 1
+    assert await where(conn) == {"jobs": {}, "jobqueue_history": {"completed": 3}}
+
+
 async def test_each_day_gets_its_partitions_and_retention_drops_whole_days(
     conn: asyncpg.Connection
 ) -> None:
     await add_jobs(conn, 2, "completed", 3 * DAY)
     await add_jobs(conn, 3, "completed", 60)
     await add_jobs(conn, 1, "failed", 3 * DAY)
-    assert await upkeep.archive(conn, NOW_ONLY) == 6
+    assert (await upkeep.archive(conn, NOW_ONLY))[0] == 6
     made = await partitions(conn)
     old = [day_name("completed", 3), day_name("failed", 3)]
     assert set(old) <= set(made) and day_name("completed", 0) in made
@@ -136,7 +151,7 @@ async def test_a_day_in_use_is_dropped_on_a_later_pass(
     conn: asyncpg.Connection, db_url: str
 ) -> None:
     await add_jobs(conn, 2, "completed", 3 * DAY)
-    assert await upkeep.archive(conn, NOW_ONLY) == 2
+    assert (await upkeep.archive(conn, NOW_ONLY))[0] == 2
     reader = await db.connect(db_url)
     try:
         reading = reader.transaction()
@@ -161,7 +176,7 @@ async def test_a_finished_job_is_found_by_id_wherever_it_is(
         "VALUES (gen_random_uuid(), 'noop', 'failed', now(), now() - interval '1 hour') "
         "RETURNING id")
     await conn.execute("UPDATE jobs SET result = '{\"answer\": 42}' WHERE id = $1", done)
-    assert await upkeep.archive(conn, NOW_ONLY) == 2
+    assert (await upkeep.archive(conn, NOW_ONLY))[0] == 2
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
 
     for job_id, status in [(done, "completed"), (legacy, "failed")]:
@@ -182,7 +197,7 @@ async def test_a_failed_job_in_the_history_is_retried_back_into_the_queue(
 ) -> None:
     [failed] = await add_jobs(conn, 1, "failed", 2 * HOUR, job_type="report")
     await add_jobs(conn, 2, "failed", 2 * HOUR, job_type="report")
-    assert await upkeep.archive(conn, NOW_ONLY) == 3
+    assert (await upkeep.archive(conn, NOW_ONLY))[0] == 3
     response = await client.post(f"/jobs/{failed}/retry")
     assert response.status_code == 200, response.text
     row = await conn.fetchrow("SELECT status, completed_at, run_at <= now() AS due "
@@ -199,7 +214,7 @@ async def test_lists_and_counts_read_both_tables(
     conn: asyncpg.Connection, client: httpx.AsyncClient
 ) -> None:
     archived = await add_jobs(conn, 3, "completed", 2 * HOUR)
-    assert await upkeep.archive(conn, NOW_ONLY) == 3
+    assert (await upkeep.archive(conn, NOW_ONLY))[0] == 3
     recent = await add_jobs(conn, 2, "completed", 5)
     waiting = await add_jobs(conn, 1, "pending", None)
 

@@ -499,9 +499,9 @@ async def soak(url: str, *, rate: float, seconds: float, keep_seconds: float,
                interval: float = 1.0, connections: int = 8,
                log_dir: Path | None = None) -> dict[str, Any]:
     """A long steady run on one worker keeping completed jobs
-    `keep_seconds` (those past it are deleted as they leave `jobs`), its table, backlog, autovacuums and memory sampled every
-    `interval` s: a healthy queue draws flat or saw-toothed lines, none
-    climbing."""
+    `keep_seconds` (those past it are deleted as they leave `jobs`), its
+    table, backlog, autovacuums and memory sampled every `interval` s: a
+    healthy queue draws flat or saw-toothed lines, none climbing."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-soak-"))
     timeline: list[dict[str, Any]] = []
     async with _one_worker_and_producers(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -44,7 +45,9 @@ logger = logging.getLogger("jobqueue.maintenance")
 
 DEFAULT_POLICY = RetryPolicy()
 ARCHIVE_SLICE = 10_000  # most finished jobs one tick moves to the history
-EXPIRE_EVERY = 60.0  # seconds between looks for history days past retention
+EXPIRE_EVERY = 60.0  # seconds between looks for history days past retention, and
+# between slices taken from the front of the finished jobs, not from where the last one ended
+FRONT = datetime.min.replace(tzinfo=UTC)  # before any completion
 
 
 class Fenced(Exception):
@@ -104,15 +107,20 @@ async def fence(conn: asyncpg.Connection, lease: float, self_id: int) -> list[tu
     return [(r["id"], r["terminated"]) for r in rows if r["hung"]]
 
 
-async def archive(conn: asyncpg.Connection, config: WorkerConfig) -> int:
+async def archive(conn: asyncpg.Connection, config: WorkerConfig,
+                  since: datetime | None = None) -> tuple[int, datetime | None]:
     """Move the oldest slice of jobs finished `config.archive_after` seconds
-    ago to the history (those already past retention: deleted); how many
-    left `jobs`. The days they finished on get their partitions first."""
+    ago (none before `since`) to the history (those already past retention:
+    deleted): how many left `jobs`, and the latest completion among them
+    (where the next slice can start). The days they finished on get their
+    partitions first."""
     params = {"after": config.archive_after, "keep_completed": config.keep_completed,
-              "keep_failed": config.keep_failed, "limit": ARCHIVE_SLICE}
+              "keep_failed": config.keep_failed, "limit": ARCHIVE_SLICE,
+              "since": since or FRONT}
     for row in await queries["archive_days"].fetch(conn, **params):
         await queries["history_add"].fetchval(conn, day=row["day"])
-    return int(await queries["archive"].fetchval(conn, **params))
+    row = await queries["archive"].fetchrow(conn, **params)
+    return (int(row["moved"]), row["reached"]) if row else (0, None)
 
 
 async def expire(conn: asyncpg.Connection, config: WorkerConfig) -> int:
@@ -200,6 +208,7 @@ class Leader:
         self.scheduler = Scheduler(schedules or {})
         self.leader = False
         self.last_expire = 0.0
+        self.archived_to: datetime | None = None  # where the last slice ended
 
     async def run_forever(self) -> None:
         await _every_tick(self.run_once, self.config.tick)
@@ -216,9 +225,12 @@ class Leader:
             if self.leader:
                 rescued = await rescue(self.conn, config.retry_policy)
                 scheduled = await self._schedule()
-                archived = await archive(self.conn, config)
                 now = asyncio.get_running_loop().time()
-                if now - self.last_expire >= EXPIRE_EVERY:
+                front = now - self.last_expire >= EXPIRE_EVERY
+                archived, reached = await archive(
+                    self.conn, config, None if front else self.archived_to)
+                self.archived_to = reached or self.archived_to
+                if front:
                     self.last_expire = now  # a pass that fails waits its minute too
                     expired = await expire(self.conn, config)
         _note_rescued(rescued, self.stats)
