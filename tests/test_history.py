@@ -118,9 +118,11 @@ async def test_slices_go_on_from_where_the_last_ended_and_once_a_minute_from_the
     assert (await chores.run_once())["archived"] == 2  # the first tick looks from the front
     # A job whose completion committed late: finished before the slice's end.
     [late] = await add_jobs(conn, 1, "completed", 3 * HOUR)
+    assert (await chores.run_once())["archived"] == 0  # the slice was not full: no look yet
+    chores.next_archive -= upkeep.ARCHIVE_IDLE  # seconds later: a look from the slice's end
     assert (await chores.run_once())["archived"] == 0
     assert await conn.fetchval("SELECT count(*) FROM jobs WHERE id = $1", late) == 1
-    chores.last_expire -= upkeep.EXPIRE_EVERY  # a minute later
+    chores.last_expire -= upkeep.EXPIRE_EVERY  # a minute later: from the front
     assert (await chores.run_once())["archived"] == 1
     assert await where(conn) == {"jobs": {}, "jobqueue_history": {"completed": 3}}
 

@@ -44,7 +44,9 @@ from jobqueue.worker.stats import WorkerStats
 logger = logging.getLogger("jobqueue.maintenance")
 
 DEFAULT_POLICY = RetryPolicy()
-ARCHIVE_SLICE = 10_000  # most finished jobs one tick moves to the history
+ARCHIVE_SLICE = 10_000  # most finished jobs one tick moves to the history; a full
+# slice means more are waiting, so the next tick moves again
+ARCHIVE_IDLE = 5.0  # after a slice that was not full, seconds until the next look
 EXPIRE_EVERY = 60.0  # seconds between looks for history days past retention, and
 # between slices taken from the front of the finished jobs, not from where the last one ended
 FRONT = datetime.min.replace(tzinfo=UTC)  # before any completion
@@ -209,6 +211,7 @@ class Leader:
         self.leader = False
         self.last_expire = 0.0
         self.archived_to: datetime | None = None  # where the last slice ended
+        self.next_archive = 0.0  # when to look for finished jobs to move next
 
     async def run_forever(self) -> None:
         await _every_tick(self.run_once, self.config.tick)
@@ -227,9 +230,11 @@ class Leader:
                 scheduled = await self._schedule()
                 now = asyncio.get_running_loop().time()
                 front = now - self.last_expire >= EXPIRE_EVERY
-                archived, reached = await archive(
-                    self.conn, config, None if front else self.archived_to)
-                self.archived_to = reached or self.archived_to
+                if front or now >= self.next_archive:
+                    archived, reached = await archive(
+                        self.conn, config, None if front else self.archived_to)
+                    self.archived_to = reached or self.archived_to
+                    self.next_archive = now + (0 if archived >= ARCHIVE_SLICE else ARCHIVE_IDLE)
                 if front:
                     self.last_expire = now  # a pass that fails waits its minute too
                     expired = await expire(self.conn, config)
