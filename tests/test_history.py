@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import uuid
 from typing import Any
 
@@ -31,13 +32,18 @@ NOW_ONLY = WorkerConfig(archive_after=0, keep_completed=30 * DAY, keep_failed=30
 
 async def add_jobs(conn: asyncpg.Connection, n: int, status: str, finished_ago: float | None,
                    *, job_type: str = "noop", queue: str = "default") -> list[uuid.UUID]:
-    """Jobs made `finished_ago` seconds before they finished (ids and
-    created_at agree, as the queue's own would)."""
+    """Jobs made and finished `finished_ago` seconds ago (None: made now,
+    unfinished), each with the id `jobqueue_id` would have made then: its
+    first 48 bits the millisecond, as in UUIDv7."""
     return [r["id"] for r in await conn.fetch(
         "INSERT INTO jobs (id, job_type, queue, status, created_at, started_at, completed_at) "
-        "SELECT jobqueue_id(), $4, $5, $1, now() - make_interval(secs => coalesce($2, 0)), "
-        "       now() - make_interval(secs => $2), now() - make_interval(secs => $2) "
-        "FROM generate_series(1, $3) RETURNING id",
+        "SELECT CAST(lpad(to_hex(CAST(extract(epoch FROM t) * 1000 AS bigint)), 12, '0') "
+        "            || '70008' || lpad(to_hex(i), 15, '0') AS uuid), "
+        "       $4, $5, $1, t, now() - make_interval(secs => $2), "
+        "       now() - make_interval(secs => $2) "
+        "FROM generate_series(1, $3) AS i, "
+        "     LATERAL (SELECT now() - make_interval(secs => coalesce($2, 0)) AS t) AS m "
+        "RETURNING id",
         status, finished_ago, n, job_type, queue)]
 
 
@@ -57,19 +63,24 @@ async def partitions(conn: asyncpg.Connection) -> list[str]:
         "                      to_regclass('jobqueue_history_failed')) ORDER BY 1")]
 
 
-def day_name(status: str, days_ago: int) -> str:
-    day = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=days_ago)
-    return f"jobqueue_history_{status}_{day:%Y%m%d}"
+async def day_name(conn: asyncpg.Connection, status: str, ago: float) -> str:
+    """The partition of `status` for the day (UTC) it was `ago` seconds ago,
+    on the database's clock, as the jobs' completion times are."""
+    day = await conn.fetchval("SELECT to_char((now() - make_interval(secs => $1)) "
+                              "AT TIME ZONE 'UTC', 'YYYYMMDD')", ago)
+    return f"jobqueue_history_{status}_{day}"
 
 
 async def test_the_history_has_the_columns_of_jobs(conn: asyncpg.Connection) -> None:
-    # `archive` moves rows with SELECT *: a migration that adds a column to
-    # jobs must add it to the history too, in the same place.
+    # `archive` moves rows with SELECT *, and the view was made with one: a
+    # migration that adds a column to jobs must add it to the history too,
+    # in the same place, and make the view again.
     columns = {table: [(r["attname"], r["type"]) for r in await conn.fetch(
         "SELECT attname, format_type(atttypid, atttypmod) AS type FROM pg_attribute "
         "WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-        table)] for table in ("jobs", "jobqueue_history")}
-    assert len(columns["jobs"]) > 15 and columns["jobqueue_history"] == columns["jobs"]
+        table)] for table in ("jobs", "jobqueue_history", "jobqueue_all_jobs")}
+    assert len(columns["jobs"]) > 15
+    assert columns["jobqueue_history"] == columns["jobqueue_all_jobs"] == columns["jobs"]
 
 
 async def test_an_id_tells_the_day_its_history_can_start(conn: asyncpg.Connection) -> None:
@@ -135,18 +146,73 @@ async def test_each_day_gets_its_partitions_and_retention_drops_whole_days(
     await add_jobs(conn, 1, "failed", 3 * DAY)
     assert (await upkeep.archive(conn, NOW_ONLY))[0] == 6
     made = await partitions(conn)
-    old = [day_name("completed", 3), day_name("failed", 3)]
-    assert set(old) <= set(made) and day_name("completed", 0) in made
+    # Both statuses, every day from the oldest job's to the newest's.
+    assert len(made) == 8 and {await day_name(conn, "failed", 3 * DAY),
+                               await day_name(conn, "completed", 60)} <= set(made)
     assert await upkeep.expire(conn, NOW_ONLY) == 0  # all within 30 days
 
     short = WorkerConfig(keep_completed=DAY, keep_failed=30 * DAY)
-    assert await upkeep.expire(conn, short) == 1  # the completed day only
-    assert day_name("completed", 3) not in await partitions(conn)
+    assert await upkeep.expire(conn, short) >= 1  # completed days only
+    left = await partitions(conn)
+    assert await day_name(conn, "completed", 3 * DAY) not in left
+    assert {await day_name(conn, "failed", 3 * DAY),
+            await day_name(conn, "completed", 60)} <= set(left)
     assert await where(conn) == {"jobs": {},
                                  "jobqueue_history": {"completed": 3, "failed": 1}}
     groups, estimated = await routing.read_finished(conn)
     assert {(g.status, g.n) for g in groups} == {("completed", 3), ("failed", 1)}
     assert not estimated
+
+
+async def test_a_slice_moves_nothing_past_the_window_its_days_were_made_for(
+    conn: asyncpg.Connection, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(upkeep, "ARCHIVE_SLICE", 2)
+    locked, taken = await add_jobs(conn, 2, "completed", 3 * DAY + 60)
+    [later] = await add_jobs(conn, 1, "completed", 2 * DAY)  # a day with no partition yet
+    holder = await db.connect(db_url)
+    try:
+        holding = holder.transaction()
+        await holding.start()
+        await holder.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", locked)
+        # The slice is the two oldest; one is locked (SKIP LOCKED), and the
+        # job after them, of another day, does not take its place.
+        assert (await upkeep.archive(conn, NOW_ONLY))[0] == 1
+        assert {r["id"] for r in await conn.fetch("SELECT id FROM jobs")} == {locked, later}
+        await holding.rollback()
+    finally:
+        await holder.close()
+    assert (await upkeep.archive(conn, NOW_ONLY))[0] == 2
+    assert taken and await where(conn) == {"jobs": {}, "jobqueue_history": {"completed": 3}}
+
+
+async def test_a_lookup_by_id_reads_only_the_days_since_the_job_was_made(
+    conn: asyncpg.Connection
+) -> None:
+    [old] = await add_jobs(conn, 1, "completed", 20 * DAY)
+    [recent] = await add_jobs(conn, 1, "completed", 2 * HOUR)
+    assert (await upkeep.archive(conn, NOW_ONLY))[0] == 2
+    assert len(await partitions(conn)) >= 40  # twenty days and more, both statuses
+
+    async def history_scans(job_id: uuid.UUID) -> int:
+        plan = await conn.fetchval(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT status FROM jobqueue_all_jobs "
+            "WHERE id = $1 AND (completed_at IS NULL OR completed_at >= jobqueue_id_floor($1))",
+            job_id)
+        found = 0
+
+        def walk(node: dict[str, Any]) -> None:
+            nonlocal found
+            found += node.get("Relation Name", "").startswith("jobqueue_history_") \
+                and node.get("Actual Loops", 0) > 0
+            for child in node.get("Plans", []):
+                walk(child)
+        walk(json.loads(plan)[0]["Plan"])
+        return found
+
+    assert (await queries["get_job"].fetchrow(conn, id=old))["status"] == "completed"
+    assert 1 <= await history_scans(recent) <= 6  # its day and the day before, both statuses
+    assert await history_scans(old) >= 40  # twenty days back: most of them
 
 
 async def test_a_day_in_use_is_dropped_on_a_later_pass(
@@ -161,7 +227,7 @@ async def test_a_day_in_use_is_dropped_on_a_later_pass(
         assert await reader.fetchval("SELECT count(*) FROM jobqueue_history") == 2
         short = WorkerConfig(keep_completed=DAY)
         assert await upkeep.expire(conn, short) == 0  # not waited for: the reader holds it
-        assert day_name("completed", 3) in await partitions(conn)
+        assert await day_name(conn, "completed", 3 * DAY) in await partitions(conn)
         await reading.commit()
         assert await upkeep.expire(conn, short) == 1
     finally:

@@ -49,9 +49,35 @@ async def test_a_failing_expire_waits_its_minute_like_any_other(
 
     monkeypatch.setattr(upkeep, "expire", broken)
     chores = leader(WorkerConfig(), conn, 4243)
-    with pytest.raises(asyncpg.QueryCanceledError):
-        await chores.run_once()
+    assert (await chores.run_once())["expired"] == 0 and calls == 1  # logged, not raised
     assert (await chores.run_once())["expired"] == 0 and calls == 1  # not again this minute
+
+
+async def test_a_failing_move_holds_up_neither_retention_nor_the_next_ticks(
+    conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moves, expires = 0, 0
+
+    async def broken(*args: object) -> tuple[int, None]:
+        nonlocal moves
+        moves += 1
+        raise asyncpg.QueryCanceledError("canceling statement due to statement timeout")
+
+    async def expire(*args: object) -> int:
+        nonlocal expires
+        expires += 1
+        return 0
+
+    monkeypatch.setattr(upkeep, "archive", broken)
+    monkeypatch.setattr(upkeep, "expire", expire)
+    chores = leader(WorkerConfig(), conn, 4245)
+    assert (await chores.run_once())["archived"] == 0
+    assert moves == 1 and expires == 1  # retention ran all the same
+    await chores.run_once()
+    assert moves == 1  # the failed look waits its turn, not tried again every tick
+    chores.next_archive -= upkeep.ARCHIVE_IDLE
+    await chores.run_once()
+    assert moves == 2 and expires == 1  # a minute has not passed: no retention pass
 
 
 async def test_only_one_leader_does_the_chores(conn: asyncpg.Connection, db_url: str) -> None:

@@ -191,15 +191,16 @@ async def read_finished(conn: Conn, exact_upto: int = EXACT_FINISHED
     all where PostgreSQL has no statistics yet): many only where the
     history is not kept up (no worker of this release running yet)."""
     probe = await queries["count_finished_upto"].rows(conn, cap=exact_upto + 1)
-    if probe[0]["n"] <= exact_upto:
-        rows, estimated = await queries["count_finished"].rows(conn), False
-    else:
+    estimated = False
+    if probe[0]["n"] > exact_upto:
         rows = await queries["estimate_finished"].rows(conn)
         estimated = bool(rows)
-        if not estimated:
-            rows = await queries["count_finished"].rows(conn)
+    if estimated:  # the estimate is of `jobs`: the history's counts are added to it
+        rows += await queries["history_counts"].rows(conn)
+    else:  # both, counted in one snapshot
+        rows = await queries["count_finished"].rows(conn)
     totals: Counter[tuple[str, str | None, str | None]] = Counter()
-    for r in [*rows, *await queries["history_counts"].rows(conn)]:
+    for r in rows:
         totals[(r["status"], r["queue"], r["job_type"])] += int(r["n"])
     return [Group(status, queue, job_type, n)
             for (status, queue, job_type), n in totals.items() if n], estimated

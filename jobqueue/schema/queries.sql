@@ -773,28 +773,36 @@ SELECT set_config('application_name', :name, false);
 SELECT pg_try_advisory_lock(:lock_class, :key) AS locked;
 
 -- archive_days --
--- The days (UTC) of the finished jobs the next `archive` moves to the
--- history, so the leader can add their partitions first
--- (`jobqueue_history_add`): the oldest :limit finished :after seconds ago
--- (from :since on, as `archive`), without those past their retention,
--- which `archive` deletes instead.
-SELECT DISTINCT CAST(completed_at AT TIME ZONE 'UTC' AS date) AS day
-FROM (SELECT status, completed_at FROM jobs
+-- The slice the next `archive` moves: the oldest :limit jobs finished
+-- :after seconds ago (from :since on, as `archive`), and where it ends
+-- (`upto`: `archive` moves nothing after it, so a row it takes in place of
+-- one it skips is never from a day that was not looked at); and the first
+-- and last day (UTC) of those it keeps, those not past retention, whose
+-- partitions the leader adds first (`jobqueue_history_add`, every day
+-- between the two).
+SELECT max(completed_at) AS upto,
+       CAST(min(completed_at) FILTER (WHERE kept) AT TIME ZONE 'UTC' AS date) AS first_day,
+       CAST(max(completed_at) FILTER (WHERE kept) AT TIME ZONE 'UTC' AS date) AS last_day
+FROM (SELECT completed_at,
+             completed_at >= now() - make_interval(secs => CASE WHEN status = 'completed'
+                                                       THEN CAST(:keep_completed AS float8)
+                                                       ELSE CAST(:keep_failed AS float8) END)
+                 AS kept
+      FROM jobs
       WHERE completed_at >= CAST(:since AS timestamptz)
         AND completed_at < now() - make_interval(secs => :after)
+        AND status IN ('completed', 'failed')
       ORDER BY completed_at
-      LIMIT :limit) AS slice
-WHERE completed_at >= now() - make_interval(secs => CASE WHEN status = 'completed'
-                                                         THEN CAST(:keep_completed AS float8)
-                                                         ELSE CAST(:keep_failed AS float8) END);
+      LIMIT :limit) AS slice;
 
 -- history_add --
 -- The history's partitions for one day, if missing (0012).
 SELECT jobqueue_history_add(CAST(:day AS date));
 
 -- archive --
--- Move up to :limit jobs that finished more than :after seconds ago from
--- `jobs` to the history, oldest first, in one transaction: each job is in
+-- Move up to :limit jobs that finished more than :after seconds ago, and
+-- no later than :upto (`archive_days`), from `jobs` to the history, oldest
+-- first, in one transaction: each job is in
 -- one table or the other, never both, never neither, in any snapshot.
 -- Those already past their retention (:keep_completed, :keep_failed
 -- seconds) are deleted instead. The history's counts (by day, status,
@@ -821,6 +829,7 @@ WITH gone_waiters AS (
     DELETE FROM jobs
     WHERE id IN (SELECT id FROM jobs
                  WHERE completed_at >= CAST(:since AS timestamptz)
+                   AND completed_at <= CAST(:upto AS timestamptz)
                    AND completed_at < now() - make_interval(secs => :after)
                    AND status IN ('completed', 'failed')
                  ORDER BY completed_at
@@ -852,7 +861,8 @@ FROM (VALUES ('completed', CAST(:keep_completed AS float8)),
              ('failed', CAST(:keep_failed AS float8))) AS s(status, keep)
 JOIN pg_inherits AS i ON i.inhparent = to_regclass('jobqueue_history_' || s.status)
 JOIN pg_class AS c ON c.oid = i.inhrelid
-WHERE CAST(to_date(right(c.relname, 8), 'YYYYMMDD') + 1 AS timestamp) AT TIME ZONE 'UTC'
+WHERE c.relname ~ '_[0-9]{8}$'
+  AND CAST(to_date(right(c.relname, 8), 'YYYYMMDD') + 1 AS timestamp) AT TIME ZONE 'UTC'
       <= now() - make_interval(secs => s.keep)
 ORDER BY day, s.status;
 
@@ -864,7 +874,8 @@ SELECT jobqueue_history_drop(:status, CAST(:day AS date)) AS dropped;
 -- history_counts --
 -- The jobs the history holds, by status, queue and type: kept by the
 -- statements that move jobs in and out, so exact, and a few rows to read
--- whatever the history holds.
+-- whatever the history holds. Read beside `estimate_finished`, when the
+-- jobs in `jobs` are estimated (`count_finished` counts both at once).
 SELECT status, queue, job_type, CAST(sum(n) AS bigint) AS n
 FROM jobqueue_history_counts
 GROUP BY status, queue, job_type
@@ -1097,12 +1108,19 @@ SELECT count(*) AS n
 FROM (SELECT FROM jobs WHERE completed_at IS NOT NULL LIMIT :cap) AS f;
 
 -- count_finished --
--- The finished jobs by status, queue and type, counted: a pass over all of
--- them, made only while there are few (`count_finished_upto`).
-SELECT status, queue, job_type, count(*) AS n
-FROM jobs
-WHERE completed_at IS NOT NULL AND status IN ('completed', 'failed')
-GROUP BY status, queue, job_type;
+-- The finished jobs by status, queue and type, counted: those in `jobs`, a
+-- pass over all of them, made only while there are few
+-- (`count_finished_upto`), and the history's from its counts, in one
+-- snapshot, so a slice the leader moves meanwhile counts once.
+SELECT status, queue, job_type, CAST(sum(n) AS bigint) AS n
+FROM (SELECT status, queue, job_type, count(*) AS n
+      FROM jobs
+      WHERE completed_at IS NOT NULL AND status IN ('completed', 'failed')
+      GROUP BY status, queue, job_type
+      UNION ALL
+      SELECT status, queue, job_type, n FROM jobqueue_history_counts) AS f
+GROUP BY status, queue, job_type
+HAVING sum(n) > 0;
 
 -- estimate_finished --
 -- The finished jobs by status, queue and type, estimated from PostgreSQL's

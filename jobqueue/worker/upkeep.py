@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -42,6 +42,7 @@ from jobqueue.worker.scheduler import Scheduler
 from jobqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("jobqueue.maintenance")
+T = TypeVar("T")
 
 DEFAULT_POLICY = RetryPolicy()
 ARCHIVE_SLICE = 10_000  # most finished jobs one tick moves to the history; a full
@@ -119,9 +120,15 @@ async def archive(conn: asyncpg.Connection, config: WorkerConfig,
     params = {"after": config.archive_after, "keep_completed": config.keep_completed,
               "keep_failed": config.keep_failed, "limit": ARCHIVE_SLICE,
               "since": since or FRONT}
-    for row in await queries["archive_days"].fetch(conn, **params):
-        await queries["history_add"].fetchval(conn, day=row["day"])
-    row = await queries["archive"].fetchrow(conn, **params)
+    window = await queries["archive_days"].fetchrow(conn, **params)
+    assert window is not None  # an aggregate: always a row
+    if window["first_day"] is not None:
+        day = window["first_day"]
+        while day <= window["last_day"]:
+            await queries["history_add"].fetchval(conn, day=day)
+            day += timedelta(days=1)
+    # Nothing to move still runs the statement: it also forgets dead waiters.
+    row = await queries["archive"].fetchrow(conn, **params, upto=window["upto"] or FRONT)
     return (int(row["moved"]), row["reached"]) if row else (0, None)
 
 
@@ -227,17 +234,9 @@ class Leader:
                     logger.info("worker %d leads maintenance", self.worker_id)
             if self.leader:
                 rescued = await rescue(self.conn, config.retry_policy)
-                scheduled = await self._schedule()
-                now = asyncio.get_running_loop().time()
-                front = now - self.last_expire >= EXPIRE_EVERY
-                if front or now >= self.next_archive:
-                    archived, reached = await archive(
-                        self.conn, config, None if front else self.archived_to)
-                    self.archived_to = reached or self.archived_to
-                    self.next_archive = now + (0 if archived >= ARCHIVE_SLICE else ARCHIVE_IDLE)
-                if front:
-                    self.last_expire = now  # a pass that fails waits its minute too
-                    expired = await expire(self.conn, config)
+                scheduled = await self._guarded(self.scheduler.run_once(self.conn), 0,
+                                                "recurring jobs not enqueued")
+                archived, expired = await self._history()
         _note_rescued(rescued, self.stats)
         if archived:
             logger.debug("moved %d finished job(s) to the history", archived)
@@ -246,15 +245,41 @@ class Leader:
         return {"leader": self.leader, "rescued": rescued, "scheduled": scheduled,
                 "archived": archived, "expired": expired}
 
-    async def _schedule(self) -> int:
-        """Recurring jobs due, enqueued. A failure here (a statement timeout)
-        is logged and tried again next tick without holding up the history
-        after it; a lost connection ends the life, as everywhere."""
+    async def _history(self) -> tuple[int, int]:
+        """Finished jobs moved to the history (when a look is due: every tick
+        while slices are full, else every ARCHIVE_IDLE s; from where the last
+        slice ended, or from the front once a minute), and days of history
+        dropped past retention (once a minute). The next look is set before
+        this one runs, so a look that fails (a statement timeout) waits its
+        turn like any other, from where the last good slice ended, instead
+        of running from the front every tick; neither chore's failure holds
+        up the other."""
+        now = asyncio.get_running_loop().time()
+        front = now - self.last_expire >= EXPIRE_EVERY
+        archived = expired = 0
+        if front:
+            self.last_expire = now
+        if front or now >= self.next_archive:
+            self.next_archive = now + ARCHIVE_IDLE
+            archived, reached = await self._guarded(
+                archive(self.conn, self.config, None if front else self.archived_to),
+                (0, None), "finished jobs not moved to the history")
+            self.archived_to = reached or self.archived_to
+            if archived >= ARCHIVE_SLICE:  # more are waiting: the next tick goes on
+                self.next_archive = now
+        if front:
+            expired = await self._guarded(expire(self.conn, self.config), 0,
+                                          "history past retention not dropped")
+        return archived, expired
+
+    async def _guarded(self, chore: Awaitable[T], failed: T, what: str) -> T:
+        """A chore's result; `failed` when it fails (a statement timeout, a
+        permission), logged, so that the chores after it still run this
+        tick. A lost connection ends the life, as everywhere."""
         try:
-            return await self.scheduler.run_once(self.conn)
+            return await chore
         except Exception as exc:
             if is_connection_error(exc):
                 raise
-            logger.error("recurring jobs not enqueued (%s); trying again next tick",
-                         one_line(exc))
-            return 0
+            logger.error("%s (%s); trying again later", what, one_line(exc))
+            return failed

@@ -100,10 +100,12 @@ def upgrade() -> None:
                 CONTINUE WHEN to_regclass(part) IS NOT NULL;
                 EXECUTE format('CREATE TABLE %I (LIKE jobqueue_history_%s INCLUDING CONSTRAINTS)',
                                part, status);
+                -- The bounds as ISO text with their offset, whatever the
+                -- session's DateStyle and TimeZone.
                 EXECUTE format('ALTER TABLE jobqueue_history_%s ATTACH PARTITION %I '
                                'FOR VALUES FROM (%L) TO (%L)', status, part,
-                               CAST(day AS timestamp) AT TIME ZONE 'UTC',
-                               CAST(day + 1 AS timestamp) AT TIME ZONE 'UTC');
+                               to_char(day, 'YYYY-MM-DD') || ' 00:00:00+00',
+                               to_char(day + 1, 'YYYY-MM-DD') || ' 00:00:00+00');
                 made := made + 1;
             END LOOP;
             RETURN made;
@@ -127,7 +129,7 @@ def upgrade() -> None:
             IF to_regclass(part) IS NULL THEN
                 RETURN false;
             END IF;
-            EXECUTE format('DROP TABLE %I', part);
+            EXECUTE format('DROP TABLE IF EXISTS %I', part);
             RETURN true;
         END
         $$
