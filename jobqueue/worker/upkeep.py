@@ -113,10 +113,12 @@ async def fence(conn: asyncpg.Connection, lease: float, self_id: int) -> list[tu
 async def archive(conn: asyncpg.Connection, config: WorkerConfig,
                   since: datetime | None = None) -> tuple[int, datetime | None]:
     """Move the oldest slice of jobs finished `config.archive_after` seconds
-    ago (none before `since`) to the history (those already past retention:
-    deleted): how many left `jobs`, and the latest completion among them
-    (where the next slice can start). The days they finished on get their
-    partitions first."""
+    ago (none before `since`; None: from the front) to the history (those
+    already past retention: deleted): how many left `jobs`, and the latest
+    completion among them (where the next slice can start). The days they
+    finished on get their partitions first. A look from the front always
+    runs the move, which forgets dead waiters on the way; any other look
+    that finds nothing to move stops at the one small read."""
     params = {"after": config.archive_after, "keep_completed": config.keep_completed,
               "keep_failed": config.keep_failed, "limit": ARCHIVE_SLICE,
               "since": since or FRONT}
@@ -127,7 +129,9 @@ async def archive(conn: asyncpg.Connection, config: WorkerConfig,
         while day <= window["last_day"]:
             await queries["history_add"].fetchval(conn, day=day)
             day += timedelta(days=1)
-    # Nothing to move still runs the statement: it also forgets dead waiters.
+    if window["upto"] is None and since is not None:
+        return 0, None  # nothing to move: the statement waits for a look from the front
+    # From the front it runs even with nothing to move: it forgets dead waiters too.
     row = await queries["archive"].fetchrow(conn, **params, upto=window["upto"] or FRONT)
     return (int(row["moved"]), row["reached"]) if row else (0, None)
 
@@ -262,7 +266,7 @@ class Leader:
         if front or now >= self.next_archive:
             self.next_archive = now + ARCHIVE_IDLE
             archived, reached = await self._guarded(
-                archive(self.conn, self.config, None if front else self.archived_to),
+                archive(self.conn, self.config, None if front else self.archived_to or FRONT),
                 (0, None), "finished jobs not moved to the history")
             self.archived_to = reached or self.archived_to
             if archived >= ARCHIVE_SLICE:  # more are waiting: the next tick goes on
