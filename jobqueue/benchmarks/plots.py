@@ -946,11 +946,18 @@ def pressure_table(df: pd.DataFrame, timeline: pd.DataFrame | None = None) -> pd
         "p50 (ms)": d["complete_p50_ms"].map(_ms), "p99 (ms)": d["complete_p99_ms"].map(_ms),
         "p99 ÷ baseline": (d["complete_p99_ms"] / base).map(lambda v: _ms(v, ",.1f")),
         "dead tuples": d["dead_tuples"].map(_count),
-        "dead tuples by table": d["dead_by_table"].fillna("") if "dead_by_table" in d else "",
+        "dead tuples by table": _text(d["dead_by_table"]) if "dead_by_table" in d else "",
         "tables + indexes (MiB)": d["total_mib"].round(1), "indexes (MiB)": d["index_mib"].round(1),
-        "horizon held by": d["horizon"].fillna(""),
-        "top wait events (samples)": d["top_waits"].fillna(""),
+        "horizon held by": _text(d["horizon"]),
+        "top wait events (samples)": _text(d["top_waits"]),
         "flags": _pressure_flags(df, timeline).reindex(d.index)})
+
+
+def _text(column: pd.Series) -> pd.Series:
+    """A column of text, blank where there is none: a column that a run
+    left empty everywhere is read back as floats (all NaN), which pandas
+    will not fill with a string."""
+    return column.astype(object).where(column.notna(), "")
 
 
 def probe_table(df: pd.DataFrame) -> pd.DataFrame:
