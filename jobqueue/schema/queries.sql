@@ -796,8 +796,11 @@ FROM (SELECT completed_at,
       LIMIT :limit) AS slice;
 
 -- history_add --
--- The history's partitions for one day, if missing (0012).
-SELECT jobqueue_history_add(CAST(:day AS date));
+-- The history's partitions for every day from :first_day to :last_day, if
+-- missing (0012): one round trip, however many days a slice spans.
+SELECT jobqueue_history_add(CAST(d AS date))
+FROM generate_series(CAST(:first_day AS date), CAST(:last_day AS date),
+                     interval '1 day') AS d;
 
 -- archive --
 -- Move up to :limit jobs that finished more than :after seconds ago, and

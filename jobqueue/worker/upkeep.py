@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -125,10 +125,8 @@ async def archive(conn: asyncpg.Connection, config: WorkerConfig,
     window = await queries["archive_days"].fetchrow(conn, **params)
     assert window is not None  # an aggregate: always a row
     if window["first_day"] is not None:
-        day = window["first_day"]
-        while day <= window["last_day"]:
-            await queries["history_add"].fetchval(conn, day=day)
-            day += timedelta(days=1)
+        await queries["history_add"].fetch(conn, first_day=window["first_day"],
+                                           last_day=window["last_day"])
     if window["upto"] is None and since is not None:
         return 0, None  # nothing to move: the statement waits for a look from the front
     # From the front it runs even with nothing to move: it forgets dead waiters too.
