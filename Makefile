@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 DJANGO_VENV  := .venv-django
 DJANGO_STAMP := $(DJANGO_VENV)/.installed-stamp
 
-.PHONY: setup test docs bench bench-pressure bench-scale bench-quick lab lint db-up db-down clean
+.PHONY: setup test docs bench bench-pressure bench-pinned bench-scale bench-quick lab lint db-up db-down clean
 
 ## setup: build .venv with jobqueue and every extra (embedded server, lab, API, peer queues; idempotent)
 setup: $(STAMP) $(DJANGO_STAMP)
@@ -80,6 +80,13 @@ bench-pressure: setup
 	JOBQUEUE_BENCH_PRESSURE_PHASES="$$($(BIN)/python -c 'import json; \
 		from jobqueue.benchmarks.pressure import LONG_PHASES; print(json.dumps(LONG_PHASES))')" \
 		$(BIN)/python -m jobqueue.benchmarks.run pressure
+
+## bench-pinned: the pinned-horizon check (about 4 minutes, a quiet machine): jobqueue
+## alone at 500 jobs/s, one idle transaction holding an xid for 120 s; fails when p50 or
+## p99 late in the hold is over 1.5x the baseline's. Run it before a change to the claims
+## or the leader's chores lands.
+bench-pinned: setup
+	$(BIN)/python -m jobqueue.benchmarks.pinned
 
 ## bench-scale: the scale notebook at full size (ten million finished jobs, a million
 ## waiting of another service's types: operator reads and drains beside them)

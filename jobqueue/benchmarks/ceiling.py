@@ -37,6 +37,7 @@ from jobqueue import HandlerRegistry, JobRunner, db, embedded
 from jobqueue.benchmarks import save, scenarios
 from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.schema.queries import queries
+from jobqueue.worker.batch import split
 
 INSERT = "INSERT INTO bench_rows (job_id) VALUES ($1)"
 INSERT_SA = text("INSERT INTO bench_rows (job_id) VALUES (:id)")
@@ -230,10 +231,9 @@ def batch_steps(conn: asyncpg.Connection, batch: int) -> Rows:
 
     async def claim_then_complete(n: int) -> None:
         floor = (None, None)
-        while rows := await queries["claim"].fetch(conn, limit=batch, worker_id=1,
-                                                      queue="default", arm_types=["noop"],
-                                                      priorities=[0], floors=[floor[0]],
-                                                      floor_ids=[floor[1]]):
+        while (rows := split(await queries["claim"].fetch(
+                conn, limit=batch, worker_id=1, queue="default", arm_types=["noop"],
+                priorities=[0], floors=[floor[0]], floor_ids=[floor[1]]))[0]):
             floor = rows[-1]["floor"], rows[-1]["floor_id"]
             async with conn.transaction():
                 await queries["complete"].fetch(conn, ids=[r["id"] for r in rows],
@@ -244,9 +244,9 @@ def batch_steps(conn: asyncpg.Connection, batch: int) -> Rows:
         floor = (None, None)
         while True:
             async with conn.transaction():
-                rows = await queries["take"].fetch(conn, limit=batch, queue="default",
-                                                     arm_types=["noop"], priorities=[0],
-                                                     floors=[floor[0]], floor_ids=[floor[1]])
+                rows, _ = split(await queries["take"].fetch(
+                    conn, limit=batch, queue="default", arm_types=["noop"], priorities=[0],
+                    floors=[floor[0]], floor_ids=[floor[1]]))
                 if not rows:
                     return
                 floor = rows[-1]["floor"], rows[-1]["floor_id"]

@@ -97,7 +97,7 @@ class Flow:
             async with self.conn.transaction():
                 rows = await TAKE.fetch(self.conn, **self._claim(
                     self.floor if floored else None))
-                if not rows:
+                if rows[0]["id"] is None:  # no job: only where the next take starts
                     break
                 ids = [row["id"] for row in rows]
                 await queries["complete"].fetch(self.conn, ids=ids, results=["null"] * len(ids),
@@ -156,7 +156,8 @@ async def claim_cost(conn: asyncpg.Connection, *, floor: Floor | None = None,
     plan = json.loads(await explain(conn, floor=floor, floored=floored, limit=limit,
                                     json_format=True))[0]
     top = plan["Plan"]
-    node = next(c for c in top.get("Plans", []) if c.get("Subplan Name") == "CTE taken")
+    node = taken = next(c for c in top.get("Plans", [])
+                        if c.get("Subplan Name") == "CTE taken")
     path = ["CTE taken"]
     while True:  # down to the scan of the claim index, the way the rows come up
         path.append(node["Node Type"] + (f" ({node['Index Name']})" if "Index Name" in node
@@ -167,7 +168,7 @@ async def claim_cost(conn: asyncpg.Connection, *, floor: Floor | None = None,
             break
         node = below[0]
     return Cost(_buffers(top), _buffers(node), round(plan["Execution Time"], 2),
-                top["Actual Rows"], " > ".join(path))
+                taken["Actual Rows"], " > ".join(path))
 
 
 #: The indexes a claim may read: by type, or across types where every

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from jobqueue.schema.locks import QUEUE_LOCK_CLASS
 from jobqueue.schema.queries import queries
-from jobqueue.worker.floors import Arms
+from jobqueue.worker.floors import Arms, Place
 from jobqueue.worker.handler import ClaimedJob
 
 
@@ -42,25 +42,53 @@ class Started(NamedTuple):
     xid: int | None = None
 
 
+class Claim(NamedTuple):
+    """What a claim gave: the batch it started (None: it took no job), and
+    where the next claim may start in each of its arms that took nothing
+    (the jobs say it for the others; `floors.py`)."""
+
+    started: Started | None
+    places: list[Place]
+
+    @property
+    def rows(self) -> list[Any]:
+        """Every row that says where an arm's next claim may start."""
+        return self.places if self.started is None else [*self.started.jobs, *self.places]
+
+
+#: A claim that was not sent (no waiting job known in the queue).
+NOTHING = Claim(None, [])
+
+
+def split(rows: list[Any]) -> tuple[list[Any], list[Place]]:
+    """A claim's rows: its jobs', and after them (`claim`, `take`: no id) its
+    empty arms' places."""
+    k = len(rows)
+    while k and rows[k - 1]["id"] is None:
+        k -= 1
+    return rows[:k], [Place(r["job_type"], r["priority"], r["floor"], r["floor_id"])
+                      for r in rows[k:]]
+
+
 class Claimed:
     """Jobs claimed (committed as `processing`) before the batch runs."""
 
     taken = False
 
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
-                    job_types: list[str], arms: Arms) -> Started | None:
+                    job_types: list[str], arms: Arms) -> Claim:
         """Claim up to `limit` due jobs of `queue`, then begin the batch's
         transaction. `arms`: the queue's (job type, priority) places and the
         lane's floor in each (`floors.py`; the limited and lone claims read
         from the front)."""
-        rows = await self.claimed(raw, limit, worker_id, queue, job_types, arms)
+        rows, places = split(await self.claimed(raw, limit, worker_id, queue, job_types, arms))
         if not rows:
-            return None
+            return Claim(None, places)
         if len(rows) == 1:  # its transaction waits for its handler's first statement
-            return Started(Deferred(raw), [ClaimedJob._make(rows[0])])
+            return Claim(Started(Deferred(raw), [ClaimedJob._make(rows[0])]), places)
         tx = raw.transaction()
         await tx.start()
-        return Started(tx, list(map(ClaimedJob._make, rows)))
+        return Claim(Started(tx, list(map(ClaimedJob._make, rows))), places)
 
     async def claimed(self, raw: Any, limit: int, worker_id: int, queue: str,
                       job_types: list[str], arms: Arms) -> list[Any]:
@@ -117,24 +145,22 @@ class Taken:
     taken = True
 
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
-                    job_types: list[str], arms: Arms) -> Started | None:
+                    job_types: list[str], arms: Arms) -> Claim:
         """Begin the batch's transaction and lock up to `limit` due jobs of `queue` in it."""
         if not arms.priorities:
-            return None  # no waiting job known in this queue
-        locked = await lock(raw, "take", limit=limit, queue=queue, job_types=job_types,
-                            **arms._asdict())
-        if locked is None:
-            return None
-        tx, rows = locked
-        return Started(tx, _jobs(rows), rows[0]["xid"])
+            return NOTHING  # no waiting job known in this queue
+        tx, rows, places = await lock(raw, "take", limit=limit, queue=queue,
+                                      job_types=job_types, **arms._asdict())
+        if tx is None:
+            return Claim(None, places)
+        return Claim(Started(tx, _jobs(rows), rows[0]["xid"]), places)
 
     async def again(self, raw: Any, jobs: list[ClaimedJob]) -> Started | None:
         """The rollback released them: lock again those no other worker took
         meanwhile, as they stand now, in their first order (None: none left)."""
-        locked = await lock(raw, "retake", ids=[j.id for j in jobs])
-        if locked is None:
+        tx, rows, _ = await lock(raw, "retake", ids=[j.id for j in jobs])
+        if tx is None:
             return None
-        tx, rows = locked
         order = {j.id: n for n, j in enumerate(jobs)}
         return Started(tx, sorted(_jobs(rows), key=lambda j: order[j.id]), rows[0]["xid"])
 
@@ -168,20 +194,22 @@ def _jobs(rows: list[Any]) -> list[ClaimedJob]:
     return [ClaimedJob(*row[:width]) for row in rows]
 
 
-async def lock(raw: Any, query: str, **values: Any) -> tuple[Any, list[Any]] | None:
-    """Begin a transaction and lock jobs in it with `query` (take, retake);
-    None, the transaction rolled back, when there were none."""
+async def lock(raw: Any, query: str, **values: Any
+               ) -> tuple[Any | None, list[Any], list[Place]]:
+    """Begin a transaction and lock jobs in it with `query` (take, retake):
+    the transaction (None, rolled back, when there were none), the jobs'
+    rows, and the empty arms' places (`split`)."""
     tx = raw.transaction()
     await tx.start()
     try:
-        rows = await queries[query].fetch(raw, **values)
+        rows, places = split(await queries[query].fetch(raw, **values))
     except BaseException:
         await rollback(tx)
         raise
     if not rows:
         await tx.rollback()
-        return None
-    return tx, rows
+        return None, rows, places
+    return tx, rows, places
 
 
 class Deferred:

@@ -92,6 +92,18 @@ NO_ARMS = Arms([], [], [], [])
 Key = tuple[str, str, int]
 
 
+class Place(NamedTuple):
+    """Where an arm of a claim that took nothing there says the lane's next
+    claim may start (a row of `claim` or `take` with no job): without it, a
+    type with nothing waiting keeps no floor, and every claim reads its
+    range from the front."""
+
+    job_type: str
+    priority: int
+    floor: dt.datetime | None
+    floor_id: uuid.UUID | None
+
+
 class Placed(Protocol):
     """A job as the floors need it: where it waits."""
 
@@ -165,10 +177,11 @@ class Floors:
         return arms
 
     def advance(self, lane: int, queue: str, rows: Iterable[Any]) -> None:
-        """A claim of this lane returned `rows` (with `job_type`, `priority`
-        and the `floor` the statement worked out for their arm): its next
-        claims start there — or lower, where an announcement came while the
-        claim ran (its job committed after the claim's snapshot was taken)."""
+        """A claim of this lane returned `rows` (jobs and `Place`s, with
+        `job_type`, `priority` and the `floor` the statement worked out for
+        their arm): its next claims start there — or lower, where an
+        announcement came while the claim ran (its job committed after the
+        claim's snapshot was taken)."""
         own = self._lanes.setdefault(lane, {})
         heard = self._heard.pop(lane, {})
         for row in rows:
@@ -244,13 +257,14 @@ class Floors:
         self._heads = {(r["queue"], r["job_type"], r["priority"]): (r["run_at"], NIL)
                        for r in rows}
 
-    def drained(self, queue: str, job_types: list[str], jobs: Iterable[Any]) -> bool:
-        """Whether a claim that returned `jobs` left nothing due of the
-        lane's types in `queue`, as far as the worker knows: no arm it took
-        from has a next job (each floor it returned names none), and the
-        last look found no job waiting there of a type it did not take."""
+    def drained(self, queue: str, job_types: list[str], rows: Iterable[Any]) -> bool:
+        """Whether a claim that returned `rows` (its jobs and `Place`s) left
+        nothing due of the lane's types in `queue`, as far as the worker
+        knows: no arm has a next job (each floor it returned names none),
+        and the last look found no job waiting there in a place the claim
+        had no arm for."""
         taken: set[tuple[str, int]] = set()
-        for job in jobs:
+        for job in rows:
             if job.floor_id is not None:
                 return False
             taken.add((job.job_type, job.priority))

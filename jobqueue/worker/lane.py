@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobqueue.schema.queries import queries
-from jobqueue.worker.batch import BatchKind, Kinds, Started
+from jobqueue.worker.batch import BatchKind, Claim, Kinds, Started
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.floors import NO_ARMS, Arms
 from jobqueue.worker.handler import ClaimedJob
@@ -188,13 +188,14 @@ class Lane:
                 if book.paused(queue):
                     continue
                 batch = self.batch_kind(queue, take)
-                started = await self._claim(batch, limit, queue,
-                                            floors.arms(self.number, queue, self.life.job_types))
+                claim = await self._claim(batch, limit, queue,
+                                          floors.arms(self.number, queue, self.life.job_types))
+                floors.advance(self.number, queue, claim.rows)  # empty arms too
+                started = claim.started
                 if started is not None:
-                    self.lone = floors.drained(queue, self.life.job_types, started.jobs)
+                    self.lone = floors.drained(queue, self.life.job_types, claim.rows)
                     if not self.lone:  # more are due than it took: wake a lane to help
                         self.life.bell.ring(queue)
-                    floors.advance(self.number, queue, started.jobs)
                     self.turn = (self.turn + step + 1) % len(queues)
                     await self._run_held(started, batch, queue)
                     return True
@@ -210,8 +211,7 @@ class Lane:
         return kinds.limited if self.life.book.limited(queue) else (
             kinds.taken if take else kinds.claimed)
 
-    async def _claim(self, kind: BatchKind, limit: int, queue: str, arms: Arms
-                     ) -> Started | None:
+    async def _claim(self, kind: BatchKind, limit: int, queue: str, arms: Arms) -> Claim:
         """Take or claim a batch from `queue` (`kind.start`), and hold its jobs
         from the moment the reply is back: a cancel for one of them from then
         on stops it (`interrupt`). A cancel can also overtake the reply: the
@@ -221,15 +221,16 @@ class Lane:
         kept, and a job of the batch among them fails `cancelled` unstarted."""
         self.claiming = True
         try:
-            started = await kind.start(self.raw, limit, self.worker_id, queue,
-                                       self.life.job_types, arms)
+            claim = await kind.start(self.raw, limit, self.worker_id, queue,
+                                     self.life.job_types, arms)
         finally:
             self.claiming = False
             heard, self.heard = self.heard, set()
+        started = claim.started
         if started is not None:
             self.batch = started.jobs
             self.cancels = {job.id for job in started.jobs if job.id in heard}
-        return started
+        return claim
 
     async def _run_held(self, started: Started, batch: BatchKind, queue: str) -> None:
         try:
@@ -264,7 +265,7 @@ class Lane:
                     return ran  # another lane is at it; this one waits at the gate
                 for queue in due:
                     kind = self.executor.kinds.alone
-                    started = await self._claim(kind, 1, queue, NO_ARMS)
+                    started = (await self._claim(kind, 1, queue, NO_ARMS)).started
                     if started is not None:
                         await self._run_held(started, kind, queue)
                         ran = True

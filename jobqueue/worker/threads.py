@@ -62,10 +62,12 @@ from jobqueue.schema.queries import queries
 from jobqueue.worker.batch import (
     Alone,
     BatchKind,
+    Claim,
     Claimed,
     Kinds,
     Limited,
     Started,
+    split,
 )
 from jobqueue.worker.completer import LostOwnership
 from jobqueue.worker.config import WorkerConfig
@@ -238,9 +240,9 @@ class _ClaimOnly(Claimed):
     transaction of its own, in its thread."""
 
     async def start(self, raw: Any, limit: int, worker_id: int, queue: str,
-                    job_types: list[str], arms: Arms) -> Started | None:
-        rows = await self.claimed(raw, limit, worker_id, queue, job_types, arms)
-        return Started(None, list(map(ClaimedJob._make, rows))) if rows else None
+                    job_types: list[str], arms: Arms) -> Claim:
+        rows, places = split(await self.claimed(raw, limit, worker_id, queue, job_types, arms))
+        return Claim(Started(None, list(map(ClaimedJob._make, rows))) if rows else None, places)
 
 
 class _LimitedClaimOnly(_ClaimOnly, Limited):

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from jobqueue import db
-from jobqueue.benchmarks import load, peers, plots, pressure, save, scenarios
+from jobqueue.benchmarks import load, peers, pinned, plots, pressure, save, scenarios
 from jobqueue.benchmarks.report import render
 from jobqueue.ops import horizon
 from jobqueue.testing import wait_for
@@ -89,6 +89,11 @@ async def test_a_run_pins_the_horizon_only_while_its_holder_and_readers_are_ther
     assert [r["readers_seen"] for r in rows] == [0, 0, 2, 0]
     assert [r["horizon"] == pressure.HOLDER for r in rows] == [False, True, True, False]
     assert all(r["rate"] == 40 and r["take_buffers"] > 0 for r in rows)
+    # The probe sends the claim the worker sends: an arm for each of its types.
+    assert {r["take_arms"] for r in rows} == {3}  # noop, sleep, write_row
+    assert all(0 < r["late_jobs"] <= r["arrivals"] for r in rows)
+    [goal] = pressure.goal_rows(rows)
+    assert (goal["phase"], goal["late_p99_ms"]) == ("holder", rows[1]["late_p99_ms"])
     for r in rows:  # the label is read back from the arguments the worker got
         assert r["argv"] == "--import jobqueue.benchmarks.handlers"
         assert r["settings"] == peers.label("jobqueue", shlex.split(r["argv"]))
@@ -190,3 +195,32 @@ def test_a_run_that_saw_no_wait_event_still_reads_back() -> None:
     assert list(waits.columns) == list(pressure.WAIT_COLUMNS)
     table = plots.waits_table(waits)
     assert table.empty and "wait events (samples)" in table.columns
+
+
+def _phase(order: int, phase: str, p50: float, p99: float, late: tuple[float, float],
+           **kw: Any) -> dict[str, Any]:
+    return {"system": "jobqueue", "order": order, "phase": phase, "seconds": 120,
+            "holder": False, "readers": 0, "load": None, "complete_p50_ms": p50,
+            "complete_p99_ms": p99, "late_jobs": 20_000, "late_p50_ms": late[0],
+            "late_p99_ms": late[1], **kw}
+
+
+@pytest.mark.parametrize(("late", "met"), [((3.0, 9.0), True), ((3.1, 9.0), False),
+                                           ((3.0, 9.1), False)])
+def test_the_pinned_goal_is_each_quantile_late_in_the_hold_within_1_5x_the_baseline(
+        late: tuple[float, float], met: bool) -> None:
+    rows = [_phase(1, "baseline", 2.0, 6.0, (2.2, 7.0)),
+            _phase(2, "holder", 4.0, 12.0, late, holder=True),
+            _phase(3, "readers", 80.0, 200.0, (90.0, 300.0), holder=True, readers=4)]
+    [goal] = pressure.goal_rows(rows)
+    assert goal["phase"] == "holder" and goal["met"] is met
+    assert goal["p50_ratio"] == pytest.approx(late[0] / 2.0)
+    assert goal["p99_ratio"] == pytest.approx(late[1] / 6.0)
+    assert ("met" if met else "MISSED") in pinned.verdict([goal])
+
+
+def test_the_pinned_check_runs_at_the_rate_asked_through_its_phases() -> None:
+    conf = pinned.config(rate=500, hold=120, baseline=50)
+    assert [(p.name, p.seconds, p.holder) for p in conf.phases] == [
+        ("baseline", 50, False), ("holder", 120, True), ("recovery", 10, False)]
+    assert {conf.rate_of(p, conf.sustained["jobqueue"]) for p in conf.phases} == {500}
