@@ -960,6 +960,19 @@ def _text(column: pd.Series) -> pd.Series:
     return column.astype(object).where(column.notna(), "")
 
 
+def pinned_goal_table(goals: list[dict[str, Any]]) -> pd.DataFrame:
+    """`pressure.goal_rows`: each system's p50 and p99 late in the hold
+    against its baseline, and whether both kept within the goal."""
+    return pd.DataFrame([{
+        "system": SYSTEM_NAMES.get(g["system"], g["system"]), "phase": g["phase"],
+        "s": g["seconds"], "late jobs": _count(g["late_jobs"]),
+        "p50 baseline → late (ms)": f"{_ms(g['baseline_p50_ms'])} → {_ms(g['late_p50_ms'])}",
+        "p50 ×": _ms(g["p50_ratio"], ",.2f"),
+        "p99 baseline → late (ms)": f"{_ms(g['baseline_p99_ms'])} → {_ms(g['late_p99_ms'])}",
+        "p99 ×": _ms(g["p99_ratio"], ",.2f"),
+        f"within {g['goal']:g}×": "yes" if g["met"] else "no"} for g in goals])
+
+
 def probe_table(df: pd.DataFrame) -> pd.DataFrame:
     """jobqueue's claim at each phase's end: EXPLAIN (ANALYZE, BUFFERS) of `take`
     from a lane's floor (what the worker sends) and from the front (a life's

@@ -21,7 +21,7 @@ import matplotlib
 import pandas as pd
 
 from jobqueue.benchmarks import context as results_context
-from jobqueue.benchmarks import load, peers, plots, run_record
+from jobqueue.benchmarks import load, peers, plots, pressure, run_record
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 RESULTS = CHECKOUT / "notebooks" / "benchmarks" / "results"
@@ -220,9 +220,14 @@ def _peers(results: Path) -> str:
 
 
 def _pressure(results: Path) -> str:
-    """The queues while vacuum is held back (`pressure.ipynb`), and jobqueue's claim."""
-    probes = plots.probe_table(load("pressure", results)[0])
-    return _section(results, PARTS["pressure"]) + ("" if probes.empty else "\n".join([
+    """The queues while vacuum is held back (`pressure.ipynb`), the pinned
+    goal, and jobqueue's claim."""
+    df = load("pressure", results)[0]
+    probes = plots.probe_table(df)
+    goals = pressure.goal_rows(df.to_dict("records"))
+    return _section(results, PARTS["pressure"]) + ("" if not goals else "\n".join([
+        "", "", note("pressure_pinned"), "", plots.markdown(plots.pinned_goal_table(goals))])
+    ) + ("" if probes.empty else "\n".join([
         "", "", "jobqueue's claim at the end of each phase (EXPLAIN (ANALYZE, BUFFERS) of `take`, "
         "as a lane sends it, in a transaction rolled back):", "", plots.markdown(probes)]))
 

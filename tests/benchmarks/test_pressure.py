@@ -106,6 +106,7 @@ async def test_a_run_pins_the_horizon_only_while_its_holder_and_readers_are_ther
     text = render(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
     assert "## Under pressure" in text and "| jobqueue | holder | 2" in text
     assert "issue's goal for jobqueue" in text
+    assert "The promise jobqueue makes (issue 49)" in text and "| within 1.5× |" in text
     assert (tmp_path / "pressure.png").stat().st_size > 0
 
 
