@@ -874,17 +874,19 @@ async def test_a_database_without_the_schema_is_a_503_that_says_to_migrate(
 
 
 @contextlib.asynccontextmanager
-async def _served(db_url: str, log_path: Path, *args: str, token: str | None = None
-                  ) -> AsyncIterator[str]:
-    """`jobqueue serve ARGS` on a free loopback port, answering; its base URL."""
+async def _served(db_url: str, log_path: Path, *args: str, token: str | None = None,
+                  command: tuple[str, ...] = ("jobqueue", "serve")) -> AsyncIterator[str]:
+    """`jobqueue serve ARGS` (or `python -m COMMAND ARGS`, run in the log's
+    folder) on a free loopback port, answering; its base URL."""
     port = _free_port()
     env = {**os.environ, "DATABASE_URL": db_url}
     env.pop(TOKEN_ENV, None)
     if token is not None:
         env[TOKEN_ENV] = token
     log = open(log_path, "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "jobqueue", "serve", "--port", str(port),
-                             *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", *command, "--port", str(port), *args],
+                            cwd=ROOT if command[0] == "jobqueue" else log_path.parent,
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         def alive() -> None:
@@ -930,6 +932,99 @@ async def test_a_rebound_host_name_is_refused_without_a_token(
             assert (await client.post("/queues/default/pause", headers=same)).status_code == 200
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 1  # POST /jobs wrote nothing
     assert await conn.fetchval("SELECT paused FROM jobqueue_queues WHERE name = 'default'")
+
+
+#: An app of its own that mounts the routes, as the FastAPI page shows.
+MOUNTED_APP = """
+import os
+
+from fastapi import FastAPI, HTTPException, Request
+
+from jobqueue import db
+from jobqueue.api import create_router
+
+engine = db.create_engine(os.environ["DATABASE_URL"])
+
+
+def staff(request: Request) -> None:
+    if request.headers.get("x-staff-key") != "k" * 20:
+        raise HTTPException(401, "staff only")
+
+
+app = FastAPI()
+app.include_router(create_router(engine), prefix="/queue")
+app.include_router(create_router(engine, allowed_hosts=["shop.example.org"]), prefix="/named")
+app.include_router(create_router(engine, auth=staff), prefix="/staff")
+"""
+
+
+async def test_a_mounted_router_without_a_token_refuses_a_rebound_host_name(
+    db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Issue 49, finding 3: `create_router(engine)` in an app with no token
+    had no Host rule (only `create_app` adds `HostGuard`), so a page whose
+    name now resolves to 127.0.0.1 enqueued jobs and paused queues. Its
+    routes and its dashboard now answer to loopback names only, as `serve`."""
+    job_id = await conn.fetchval("INSERT INTO jobs (job_type, payload) "
+                                 "VALUES ('t', '{\"secret\": 1}') RETURNING id")
+    (tmp_path / "mounted_app.py").write_text(MOUNTED_APP)
+    async with _served(db_url, tmp_path / "uvicorn.log", command=("uvicorn", "mounted_app:app"),
+                       ) as base, httpx.AsyncClient(base_url=base) as client:
+        port = base.rsplit(":", 1)[1]
+        evil = {"host": f"rebind.attacker.example:{port}",
+                "origin": f"http://rebind.attacker.example:{port}",
+                "sec-fetch-site": "same-origin"}
+        for method, path in (("POST", "/queue/queues/default/pause"), ("POST", "/queue/jobs"),
+                             ("GET", f"/queue/jobs/{job_id}"), ("GET", "/queue/"),
+                             ("GET", "/queue/dashboard/login"), ("GET", "/queue/metrics")):
+            answer = await client.request(method, path, headers=evil,
+                                          json={"job_type": "x"} if method == "POST" else None)
+            assert answer.status_code == 400, (method, path, answer.text)
+            assert "loopback names only" in answer.text, answer.text
+            assert "rebind" not in answer.text and "secret" not in answer.text
+            assert "set-cookie" not in answer.headers
+        # The app's own loopback name is served, the same request otherwise.
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"):
+            same = {**evil, "host": host, "origin": f"http://{host}"}
+            created = await client.post("/queue/jobs", json={"job_type": "y"}, headers=same)
+            assert created.status_code == 201, created.text
+        same = {**evil, "host": f"127.0.0.1:{port}", "origin": f"http://127.0.0.1:{port}"}
+        assert (await client.post("/queue/queues/default/pause", headers=same)
+                ).status_code == 200
+        assert (await client.get("/queue/", headers=same)).status_code == 200
+    assert await conn.fetchval("SELECT array_agg(job_type ORDER BY job_type) FROM jobs") \
+        == ["t", "y", "y", "y"]  # the rebound POST wrote nothing
+    assert await conn.fetchval("SELECT paused FROM jobqueue_queues WHERE name = 'default'")
+
+
+async def test_a_mounted_router_answers_its_allowed_hosts_or_behind_its_own_auth(
+    db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """The app names its hosts (`allowed_hosts`), or hands the router its own
+    authentication (`auth`, which a rebinding page cannot pass): then the
+    app's own host name is served."""
+    (tmp_path / "mounted_app.py").write_text(MOUNTED_APP)
+    async with _served(db_url, tmp_path / "uvicorn.log", command=("uvicorn", "mounted_app:app"),
+                       ) as base, httpx.AsyncClient(base_url=base) as client:
+        port = base.rsplit(":", 1)[1]
+        for host, code in (("shop.example.org", 201), (f"SHOP.example.org:{port}", 201),
+                           (f"rebind.attacker.example:{port}", 400), (f"127.0.0.1:{port}", 400)):
+            answer = await client.post("/named/jobs", json={"job_type": "named"},
+                                       headers={"host": host})
+            assert answer.status_code == code, (host, answer.text)
+        named_page = await client.get("/named/", headers={"host": "shop.example.org"})
+        assert named_page.status_code == 200 and "Overview" in named_page.text
+        staff = {"x-staff-key": "k" * 20}
+        for host in ("shop.example.org", f"rebind.attacker.example:{port}"):
+            refused = await client.post("/staff/jobs", json={"job_type": "staff"},
+                                        headers={"host": host})
+            assert refused.status_code == 401 and refused.json()["detail"] == "staff only"
+            assert (await client.get("/staff/", headers={"host": host})).status_code == 401
+            created = await client.post("/staff/jobs", json={"job_type": "staff"},
+                                        headers={"host": host, **staff})
+            assert created.status_code == 201, created.text
+    assert await conn.fetchval("SELECT array_agg(job_type ORDER BY job_type) FROM jobs") \
+        == ["named", "named", "staff", "staff"]
 
 
 async def test_with_a_token_any_host_name_or_only_the_allowed_ones(
