@@ -420,12 +420,33 @@ def _problem(status: int, detail: Any, headers: dict[str, str] | None = None) ->
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
+#: Most errors a 422 lists, and the longest name in a `loc` it shows.
+ERRORS_SHOWN = 20
+LOC_NAME_SHOWN = 40
+
+
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     """Where and what, without echoing the input back (it may be a megabyte):
-    no `input`, and a message cut at 300 characters (ours quote at most 40
-    of a value, `errors.shown`; a library's might quote more)."""
-    return [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))[:300],
-             "type": str(e.get("type", ""))} for e in exc.errors()]
+    no `input`, a message cut at 300 characters (ours quote at most 40 of a
+    value, `errors.shown`; a library's might quote more), each name in
+    `loc` cut at 40 (an unknown field is named by its key, which the client
+    chose), and the first 20 errors (a body of 100,000 unknown keys is as
+    many errors)."""
+    errors = exc.errors()
+    shown: list[dict[str, Any]] = [
+        {"loc": [_cut(part) for part in e.get("loc", ())],
+         "msg": str(e.get("msg", ""))[:300], "type": str(e.get("type", ""))}
+        for e in errors[:ERRORS_SHOWN]]
+    if len(errors) > ERRORS_SHOWN:
+        shown.append({"loc": [], "msg": f"and {len(errors) - ERRORS_SHOWN:,} more errors",
+                      "type": "more_errors"})
+    return shown
+
+
+def _cut(part: Any) -> Any:
+    if isinstance(part, str) and len(part) > LOC_NAME_SHOWN:
+        return f"{part[:LOC_NAME_SHOWN - 1]}…"
+    return part
 
 
 class _GuardedRoute(APIRoute):
