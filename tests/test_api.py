@@ -1047,6 +1047,35 @@ async def test_with_a_token_any_host_name_or_only_the_allowed_ones(
             assert answer.status_code == code, (host, answer.text)
 
 
+async def test_a_client_that_goes_away_mid_body_is_no_traceback(
+    db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Issue 49: a client that closed its connection half-way through the
+    body of a login form (or of a job) made an 80-line traceback in the
+    server's log (`ClientDisconnect`). It is a line at DEBUG now."""
+    token = "t" * 40
+    log_path = tmp_path / "serve.log"
+    async with _served(db_url, log_path, "--log-level", "DEBUG", token=token) as base:
+        port = int(base.rsplit(":", 1)[1])
+        for head in ("POST /dashboard/login HTTP/1.1\r\n"
+                     "Content-Type: application/x-www-form-urlencoded\r\n",
+                     f"POST /jobs HTTP/1.1\r\nAuthorization: Bearer {token}\r\n"
+                     "Content-Type: application/json\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"{head}Host: 127.0.0.1:{port}\r\nContent-Length: 1000\r\n\r\n"
+                         "csrf=abc&token=".encode())
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+        def gone() -> int:
+            return log_path.read_text().count("went away before sending its whole body")
+        await wait_for(lambda: gone() == 2, timeout=10, message="both disconnects logged")
+    log = log_path.read_text()
+    assert "Traceback" not in log and "ClientDisconnect" not in log, log
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+
 async def test_serve_believes_x_forwarded_for_only_from_the_proxies_named(
     db_url: str, tmp_path: Path
 ) -> None:

@@ -133,7 +133,7 @@ from jobqueue.errors import (
     is_missing_schema,
     is_statement_timeout,
 )
-from jobqueue.ops import actions, held, metrics, routing
+from jobqueue.ops import actions, bodies, held, metrics, routing
 from jobqueue.ops.dashboard import create_dashboard
 from jobqueue.ops.origin import ANY_HOST, HostGuard, RouteHosts, cross_origin
 from jobqueue.ops.reads import (
@@ -550,13 +550,12 @@ async def _read_body(request: Request, limit: int) -> bytes | Response:
             return _problem(400, "Content-Length is not a number")
         if int(declared) > limit:
             return too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await bodies.read(request, limit)
+    except bodies.TooLarge:
+        return too_large
+    except bodies.Gone:  # nobody reads this answer
+        return _problem(400, "the client went away before sending its whole body")
 
 
 def _with_body(request: Request, body: bytes) -> Request:

@@ -38,7 +38,7 @@ from jobqueue.errors import (
     is_missing_schema,
     is_statement_timeout,
 )
-from jobqueue.ops import actions, horizon
+from jobqueue.ops import actions, bodies, horizon
 from jobqueue.ops.dashboard import auth, charts, overview, pages
 from jobqueue.ops.origin import SAFE_METHODS, RouteHosts, cross_origin
 from jobqueue.ops.reads import (
@@ -227,11 +227,12 @@ async def _read_form(request: Request) -> dict[str, str]:
     if request.headers.get("content-type", "").split(";")[0].strip() \
             != "application/x-www-form-urlencoded":
         return {}  # no form: no CSRF token either, refused as such
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            raise _Refused(413, "That form is too large.")
+    try:
+        body = await bodies.read(request, MAX_FORM_BYTES)
+    except bodies.TooLarge:
+        raise _Refused(413, "That form is too large.") from None
+    except bodies.Gone:  # nobody reads this answer
+        raise _Refused(400, "The form was not sent whole.") from None
     try:
         return dict(parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=20))
     except (UnicodeDecodeError, ValueError):
