@@ -1076,6 +1076,46 @@ async def test_a_client_that_goes_away_mid_body_is_no_traceback(
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
 
 
+async def test_serve_closes_connections_that_do_not_finish_their_headers_in_time(
+    db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Issue 49: 20 connections that sent a header line now and then
+    (slowloris) were all still open after 35 s; uvicorn has no deadline for
+    a request's head. With `--header-timeout 1` they are closed within
+    seconds, however they trickle; a request whose head came in time is
+    answered however long it takes (a cancel waits 2 s for its worker)."""
+    job_id = await conn.fetchval("INSERT INTO jobs (job_type) VALUES ('t') RETURNING id")
+    async with _served(db_url, tmp_path / "serve.log", "--header-timeout", "1") as base:
+        port = int(base.rsplit(":", 1)[1])
+        slow = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
+        for _, writer in slow:
+            writer.write(b"GET /queues HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+
+        async def trickle() -> None:
+            """The attacker's pace: one more header line on each, 5 a second."""
+            while True:
+                for reader, writer in slow:
+                    if not reader.at_eof():
+                        writer.write(b"X-Still-Here: 1\r\n")
+                await asyncio.sleep(0.2)
+
+        trickling = asyncio.create_task(trickle())
+        try:
+            async with httpx.AsyncClient(base_url=base) as client:
+                await claim(conn, job_id)
+                cancelling = await client.delete(f"/jobs/{job_id}")
+                assert cancelling.status_code == 202, cancelling.text
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(reader.read() for reader, _ in slow)), timeout=10)
+        finally:
+            trickling.cancel()
+            for _, writer in slow:
+                writer.close()
+        assert answers == [b""] * 20  # closed, nothing answered
+        async with httpx.AsyncClient(base_url=base) as client:
+            assert (await client.get("/queues")).status_code == 200
+
+
 async def test_serve_believes_x_forwarded_for_only_from_the_proxies_named(
     db_url: str, tmp_path: Path
 ) -> None:
