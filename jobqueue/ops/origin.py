@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["ANY_HOST", "SAFE_METHODS", "HostGuard", "HostRule", "RouteHosts", "cross_origin",
-           "is_loopback"]
+           "host_name", "is_loopback"]
 
 #: `allowed_hosts` that lets every Host through (an app with a token).
 ANY_HOST = "*"
