@@ -435,6 +435,23 @@ async def test_a_bad_filter_or_page_link_is_a_400_page(web: httpx.AsyncClient,
     assert re.search(r'class="notice error" role="alert">[^<]+<', answer.text)
 
 
+@pytest.mark.parametrize(("field", "quoted"), [
+    ("status", True), ("before", True), ("queue", True), ("type", False)])
+async def test_a_400_page_quotes_a_bad_filter_cut_short_and_escaped(
+        web: httpx.AsyncClient, field: str, quoted: bool) -> None:
+    """Issue 49: `status=` (and `before=`) came back whole on the 400 page:
+    a page as large as the query; each filter is quoted 40 characters at
+    most."""
+    value = "<script>" + "s" * 30_000  # httpx sends 64 KB of query at most
+    answer = await web.get("/dashboard/jobs", params={field: value})
+    assert answer.status_code == 400
+    assert len(answer.content) < 10_000, len(answer.content)
+    notice = re.search(r'class="notice error" role="alert">([^<]+)<', answer.text)
+    assert notice and ("s" * 20 in notice.group(1)) is quoted, notice
+    assert "s" * 40 not in notice.group(1)
+    assert "<script>" not in answer.text
+
+
 def _cursor(values: list[Any]) -> str:
     """A page link's `after` as the dashboard encodes it, holding `values`."""
     raw = json.dumps(values, separators=(",", ":")).encode()

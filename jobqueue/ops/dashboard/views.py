@@ -37,6 +37,7 @@ from jobqueue.errors import (
     is_connection_error,
     is_missing_schema,
     is_statement_timeout,
+    shown,
 )
 from jobqueue.ops import actions, bodies, horizon
 from jobqueue.ops.dashboard import auth, charts, overview, pages
@@ -290,11 +291,12 @@ def _job_id(text: str) -> uuid.UUID:
 
 
 def _filters(request: Request) -> dict[str, Any]:
-    """The job list's filters from the query string; a bad one is a 400 page."""
+    """The job list's filters from the query string; a bad one is a 400 page
+    that quotes 40 characters of it at most (escaped, as all text is)."""
     q = request.query_params
     tab = q.get("status") or "waiting"
     if tab not in pages.TABS:
-        raise _Refused(400, f"There is no list of {tab!r} jobs; the lists are "
+        raise _Refused(400, f"There is no list of {shown(tab)} jobs; the lists are "
                             + ", ".join(pages.TABS) + ".")
     try:
         queue = check_queue(q["queue"]) if q.get("queue") else None
@@ -313,7 +315,7 @@ def _before(text: str | None) -> datetime | None:
     try:
         at = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"'before' is not a time: {text!r}") from None
+        raise ValueError(f"'before' is not a time: {shown(text)}") from None
     return pages.in_range(at.replace(tzinfo=UTC) if at.tzinfo is None else at)
 
 
