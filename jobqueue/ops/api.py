@@ -684,11 +684,8 @@ def create_router(
                         "shared": (queue_list, scrapes)})
     connection = get_connection if engine is None else _engine_dependency(engine)
     Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
-    # Declares the scheme in the OpenAPI schema; the check is the route's.
-    dependencies: list[Any] = [Security(HTTPBearer(auto_error=False))]
-    if auth is not None:
-        dependencies.append(Depends(auth))
-    r = APIRouter(route_class=route_class, responses=_ERRORS, dependencies=dependencies)
+    r = APIRouter(route_class=route_class, responses=_ERRORS,
+                  dependencies=_router_dependencies(auth))
 
     @r.post("/jobs", status_code=201, response_model=Created, name="jobqueue_create_job",
             summary="Enqueue a job", tags=["jobs"])
@@ -776,6 +773,15 @@ def create_router(
         return Response(body, media_type=metrics.CONTENT_TYPE_LATEST)
 
     return r
+
+
+def _router_dependencies(auth: Callable[..., Any] | None) -> list[Any]:
+    """The bearer scheme, declared for the OpenAPI schema (the check is the
+    route's), and the app's own authentication if it gave one."""
+    dependencies: list[Any] = [Security(HTTPBearer(auto_error=False))]
+    if auth is not None:
+        dependencies.append(Depends(auth))
+    return dependencies
 
 
 def _shared_readings() -> tuple[Shared[routing.Routing], Shared[bytes]]:
