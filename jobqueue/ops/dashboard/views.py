@@ -335,8 +335,9 @@ def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
 
     connection: the dependency that yields a connection (the API's). token:
     as `create_router`'s. hosts: the Host names it answers to (None: loopback
-    names without a token, any with one). cancel_wait: seconds a cancel waits for a running
-    job's worker. overview_ttl: how stale the overview's shared reading may be.
+    names without a token, any with one). cancel_wait: seconds a cancel
+    waits for a running job's worker. overview_ttl: how stale the overview's
+    shared reading may be.
     throttle: counts each client's wrong tokens (`jobqueue.ops.throttle`).
     read_timeout: seconds each page's reads may run (`jobqueue.ops.reads`).
     routes: the pass over the table that `/queues` and `/metrics` share, to
