@@ -76,15 +76,18 @@ def database_url(url: str | None = None) -> str:
 def redacted(raw: str) -> str:
     """`raw` with its password replaced by `***`, wherever it is (after the
     user, or a `password=` parameter): for messages about a URL that may not
-    even parse, so SQLAlchemy's own masking cannot be used."""
+    even parse, so SQLAlchemy's own masking cannot be used.
+
+    A URL this is shown for is malformed, often because its password holds
+    a `/`, `?` or `@` that should have been percent-encoded: so the user
+    information ends at the last `@` of the whole URL, not at the first `/`
+    or `?`. When a later `@` (in a query value) makes that too far, more is
+    hidden than the password, never less."""
     scheme, sep, rest = raw.partition("://")
     if sep:
-        end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
-        netloc, tail = rest[:end], rest[end:]
-        userinfo, at, hosts = netloc.rpartition("@")
+        userinfo, at, after = rest.rpartition("@")
         if at and ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
-        raw = f"{scheme}{sep}{netloc}{tail}"
+            raw = f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{after}"
     return _PASSWORD_PARAM.sub(r"\1***", raw)
 
 

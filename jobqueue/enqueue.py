@@ -42,9 +42,19 @@ Executor = AsyncSession | AsyncConnection
 
 #: What a job type must not hold, and what text output shows escaped
 #: (`jobqueue.ops.logs.printable`): C0 and C1 controls, DEL, and the bidi
-#: embeddings, overrides and isolates.
+#: embeddings, overrides and isolates; and what shows nothing, or breaks a
+#: line where none is seen (issue 49): the line and paragraph separators
+#: (which `str.splitlines` and JavaScript break at), the bidi marks
+#: (U+061C, U+200E, U+200F), and Unicode's other invisible format
+#: characters: zero-width spaces and joiners, the soft hyphen, the word
+#: joiner and invisible operators, the byte order mark, the interlinear
+#: annotations and the tag characters. Two job types that look the same
+#: are then the same job type.
 CONTROL_CHARACTERS = (*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F),
-                      *range(0x2066, 0x206A))
+                      *range(0x2066, 0x206A),
+                      0xAD, 0x61C, 0x180E, *range(0x200B, 0x2010), 0x2028, 0x2029,
+                      *range(0x2060, 0x2065), *range(0x206A, 0x2070), 0xFEFF,
+                      *range(0xFFF9, 0xFFFC), *range(0xE0000, 0xE0080))
 _CONTROL = re.compile("[" + "".join(map(chr, CONTROL_CHARACTERS)) + "]")
 
 
@@ -63,8 +73,9 @@ def check_job_type(job_type: object) -> str:
     if _CONTROL.search(job_type):
         # A newline forges a line in a text log; an escape sequence rewrites
         # the terminal that shows it; a bidi override reorders what it says.
-        raise ValueError("job type must not contain control characters (newlines, escapes, "
-                         "bidi overrides)")
+        raise ValueError("job type must not contain control characters or invisible ones "
+                         "(newlines, escapes, bidi overrides and marks, line separators, "
+                         "zero-width spaces)")
     try:
         job_type.encode("utf-8")
     except UnicodeEncodeError:

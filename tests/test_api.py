@@ -874,17 +874,19 @@ async def test_a_database_without_the_schema_is_a_503_that_says_to_migrate(
 
 
 @contextlib.asynccontextmanager
-async def _served(db_url: str, log_path: Path, *args: str, token: str | None = None
-                  ) -> AsyncIterator[str]:
-    """`jobqueue serve ARGS` on a free loopback port, answering; its base URL."""
+async def _served(db_url: str, log_path: Path, *args: str, token: str | None = None,
+                  command: tuple[str, ...] = ("jobqueue", "serve")) -> AsyncIterator[str]:
+    """`jobqueue serve ARGS` (or `python -m COMMAND ARGS`, run in the log's
+    folder) on a free loopback port, answering; its base URL."""
     port = _free_port()
     env = {**os.environ, "DATABASE_URL": db_url}
     env.pop(TOKEN_ENV, None)
     if token is not None:
         env[TOKEN_ENV] = token
     log = open(log_path, "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "jobqueue", "serve", "--port", str(port),
-                             *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", *command, "--port", str(port), *args],
+                            cwd=ROOT if command[0] == "jobqueue" else log_path.parent,
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         def alive() -> None:
@@ -932,6 +934,99 @@ async def test_a_rebound_host_name_is_refused_without_a_token(
     assert await conn.fetchval("SELECT paused FROM jobqueue_queues WHERE name = 'default'")
 
 
+#: An app of its own that mounts the routes, as the FastAPI page shows.
+MOUNTED_APP = """
+import os
+
+from fastapi import FastAPI, HTTPException, Request
+
+from jobqueue import db
+from jobqueue.api import create_router
+
+engine = db.create_engine(os.environ["DATABASE_URL"])
+
+
+def staff(request: Request) -> None:
+    if request.headers.get("x-staff-key") != "k" * 20:
+        raise HTTPException(401, "staff only")
+
+
+app = FastAPI()
+app.include_router(create_router(engine), prefix="/queue")
+app.include_router(create_router(engine, allowed_hosts=["shop.example.org"]), prefix="/named")
+app.include_router(create_router(engine, auth=staff), prefix="/staff")
+"""
+
+
+async def test_a_mounted_router_without_a_token_refuses_a_rebound_host_name(
+    db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Issue 49, finding 3: `create_router(engine)` in an app with no token
+    had no Host rule (only `create_app` adds `HostGuard`), so a page whose
+    name now resolves to 127.0.0.1 enqueued jobs and paused queues. Its
+    routes and its dashboard now answer to loopback names only, as `serve`."""
+    job_id = await conn.fetchval("INSERT INTO jobs (job_type, payload) "
+                                 "VALUES ('t', '{\"secret\": 1}') RETURNING id")
+    (tmp_path / "mounted_app.py").write_text(MOUNTED_APP)
+    async with _served(db_url, tmp_path / "uvicorn.log", command=("uvicorn", "mounted_app:app"),
+                       ) as base, httpx.AsyncClient(base_url=base) as client:
+        port = base.rsplit(":", 1)[1]
+        evil = {"host": f"rebind.attacker.example:{port}",
+                "origin": f"http://rebind.attacker.example:{port}",
+                "sec-fetch-site": "same-origin"}
+        for method, path in (("POST", "/queue/queues/default/pause"), ("POST", "/queue/jobs"),
+                             ("GET", f"/queue/jobs/{job_id}"), ("GET", "/queue/"),
+                             ("GET", "/queue/dashboard/login"), ("GET", "/queue/metrics")):
+            answer = await client.request(method, path, headers=evil,
+                                          json={"job_type": "x"} if method == "POST" else None)
+            assert answer.status_code == 400, (method, path, answer.text)
+            assert "loopback names only" in answer.text, answer.text
+            assert "rebind" not in answer.text and "secret" not in answer.text
+            assert "set-cookie" not in answer.headers
+        # The app's own loopback name is served, the same request otherwise.
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"):
+            same = {**evil, "host": host, "origin": f"http://{host}"}
+            created = await client.post("/queue/jobs", json={"job_type": "y"}, headers=same)
+            assert created.status_code == 201, created.text
+        same = {**evil, "host": f"127.0.0.1:{port}", "origin": f"http://127.0.0.1:{port}"}
+        assert (await client.post("/queue/queues/default/pause", headers=same)
+                ).status_code == 200
+        assert (await client.get("/queue/", headers=same)).status_code == 200
+    assert await conn.fetchval("SELECT array_agg(job_type ORDER BY job_type) FROM jobs") \
+        == ["t", "y", "y", "y"]  # the rebound POST wrote nothing
+    assert await conn.fetchval("SELECT paused FROM jobqueue_queues WHERE name = 'default'")
+
+
+async def test_a_mounted_router_answers_its_allowed_hosts_or_behind_its_own_auth(
+    db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """The app names its hosts (`allowed_hosts`), or hands the router its own
+    authentication (`auth`, which a rebinding page cannot pass): then the
+    app's own host name is served."""
+    (tmp_path / "mounted_app.py").write_text(MOUNTED_APP)
+    async with _served(db_url, tmp_path / "uvicorn.log", command=("uvicorn", "mounted_app:app"),
+                       ) as base, httpx.AsyncClient(base_url=base) as client:
+        port = base.rsplit(":", 1)[1]
+        for host, code in (("shop.example.org", 201), (f"SHOP.example.org:{port}", 201),
+                           (f"rebind.attacker.example:{port}", 400), (f"127.0.0.1:{port}", 400)):
+            answer = await client.post("/named/jobs", json={"job_type": "named"},
+                                       headers={"host": host})
+            assert answer.status_code == code, (host, answer.text)
+        named_page = await client.get("/named/", headers={"host": "shop.example.org"})
+        assert named_page.status_code == 200 and "Overview" in named_page.text
+        staff = {"x-staff-key": "k" * 20}
+        for host in ("shop.example.org", f"rebind.attacker.example:{port}"):
+            refused = await client.post("/staff/jobs", json={"job_type": "staff"},
+                                        headers={"host": host})
+            assert refused.status_code == 401 and refused.json()["detail"] == "staff only"
+            assert (await client.get("/staff/", headers={"host": host})).status_code == 401
+            created = await client.post("/staff/jobs", json={"job_type": "staff"},
+                                        headers={"host": host, **staff})
+            assert created.status_code == 201, created.text
+    assert await conn.fetchval("SELECT array_agg(job_type ORDER BY job_type) FROM jobs") \
+        == ["named", "named", "staff", "staff"]
+
+
 async def test_with_a_token_any_host_name_or_only_the_allowed_ones(
     db_url: str, tmp_path: Path
 ) -> None:
@@ -950,6 +1045,75 @@ async def test_with_a_token_any_host_name_or_only_the_allowed_ones(
                            ("internal.example.evil", 400), ("127.0.0.1", 400)):
             answer = await client.get("/queues", headers={**auth, "host": host})
             assert answer.status_code == code, (host, answer.text)
+
+
+async def test_a_client_that_goes_away_mid_body_is_no_traceback(
+    db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Issue 49: a client that closed its connection half-way through the
+    body of a login form (or of a job) made an 80-line traceback in the
+    server's log (`ClientDisconnect`). It is a line at DEBUG now."""
+    token = "t" * 40
+    log_path = tmp_path / "serve.log"
+    async with _served(db_url, log_path, "--log-level", "DEBUG", token=token) as base:
+        port = int(base.rsplit(":", 1)[1])
+        for head in ("POST /dashboard/login HTTP/1.1\r\n"
+                     "Content-Type: application/x-www-form-urlencoded\r\n",
+                     f"POST /jobs HTTP/1.1\r\nAuthorization: Bearer {token}\r\n"
+                     "Content-Type: application/json\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"{head}Host: 127.0.0.1:{port}\r\nContent-Length: 1000\r\n\r\n"
+                         "csrf=abc&token=".encode())
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+        def gone() -> int:
+            return log_path.read_text().count("went away before sending its whole body")
+        await wait_for(lambda: gone() == 2, timeout=10, message="both disconnects logged")
+    log = log_path.read_text()
+    assert "Traceback" not in log and "ClientDisconnect" not in log, log
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_serve_closes_connections_that_do_not_finish_their_headers_in_time(
+    db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Issue 49: 20 connections that sent a header line now and then
+    (slowloris) were all still open after 35 s; uvicorn has no deadline for
+    a request's head. With `--header-timeout 1` they are closed within
+    seconds, however they trickle; a request whose head came in time is
+    answered however long it takes (a cancel waits 2 s for its worker)."""
+    job_id = await conn.fetchval("INSERT INTO jobs (job_type) VALUES ('t') RETURNING id")
+    async with _served(db_url, tmp_path / "serve.log", "--header-timeout", "1") as base:
+        port = int(base.rsplit(":", 1)[1])
+        slow = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
+        for _, writer in slow:
+            writer.write(b"GET /queues HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+
+        async def trickle() -> None:
+            """The attacker's pace: one more header line on each, 5 a second."""
+            while True:
+                for reader, writer in slow:
+                    if not reader.at_eof():
+                        writer.write(b"X-Still-Here: 1\r\n")
+                await asyncio.sleep(0.2)
+
+        trickling = asyncio.create_task(trickle())
+        try:
+            async with httpx.AsyncClient(base_url=base) as client:
+                await claim(conn, job_id)
+                cancelling = await client.delete(f"/jobs/{job_id}")
+                assert cancelling.status_code == 202, cancelling.text
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(reader.read() for reader, _ in slow)), timeout=10)
+        finally:
+            trickling.cancel()
+            for _, writer in slow:
+                writer.close()
+        assert answers == [b""] * 20  # closed, nothing answered
+        async with httpx.AsyncClient(base_url=base) as client:
+            assert (await client.get("/queues")).status_code == 200
 
 
 async def test_serve_believes_x_forwarded_for_only_from_the_proxies_named(
@@ -999,3 +1163,26 @@ async def test_a_422_names_the_field_without_echoing_the_input(
     assert answer.status_code == 422
     assert len(answer.content) < 1_000, answer.content[:300]
     assert answer.json()["detail"][0]["loc"][-1] == field
+
+
+@pytest.mark.parametrize(("path", "method", "base"), [
+    ("/jobs", "POST", {"job_type": "t"}), ("/queues/q1/limits", "PUT", {"rate": "1/s"})])
+async def test_a_422_cuts_the_names_of_unknown_fields_and_their_number(
+    client: httpx.AsyncClient, conn: asyncpg.Connection, path: str, method: str,
+    base: dict[str, Any]
+) -> None:
+    """Issue 49: an unknown field is named by its key in the error's `loc`,
+    so a 900 KB key got a 900 KB answer; 60,000 unknown keys, as many
+    errors (a body under 1 MiB, an answer of 4 MB)."""
+    long_key = await client.request(method, path, json={**base, "k" * 900_000: 1})
+    assert long_key.status_code == 422
+    assert len(long_key.content) < 1_000, long_key.content[:300]
+    assert long_key.json()["detail"][0]["loc"] == ["body", "k" * 39 + "…"]
+    many_keys = await client.request(method, path,
+                                     json={**base, **{f"k{i}": 0 for i in range(60_000)}})
+    assert many_keys.status_code == 422
+    assert len(many_keys.content) < 5_000, len(many_keys.content)
+    detail = many_keys.json()["detail"]
+    assert len(detail) == 21 and detail[0]["loc"] == ["body", "k0"]
+    assert detail[-1]["msg"] == "and 59,980 more errors"
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 0

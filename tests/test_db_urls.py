@@ -180,6 +180,10 @@ async def test_a_write_refused_as_read_only_means_look_for_another_server(
 @pytest.mark.parametrize("url", [
     "postgresql://alice:S3CRETPW@127.0.0.1:notaport/db",
     "postgresql://alice:S3CRETPW@[::1/db",
+    # Issue 49: a `/` or `?` in the password ended the user information
+    # there, and the whole password was printed.
+    "postgresql://alice:S3C/RETPW@127.0.0.1:notaport/db",
+    "postgresql://alice:S3C?RETPW@127.0.0.1:notaport/db",
 ])
 @pytest.mark.parametrize("command", [["status"], ["worker", "--burst"], ["serve"]])
 def test_a_malformed_url_is_named_without_its_password(url: str, command: list[str]) -> None:
@@ -197,6 +201,13 @@ def test_a_malformed_url_is_named_without_its_password(url: str, command: list[s
      "postgresql://h/db?user=a&password=***&sslmode=require"),
     ("postgresql://alice@h/db", "postgresql://alice@h/db"),
     ("not a url", "not a url"),
+    ("postgresql://alice:pa/ss@h:5432/db", "postgresql://alice:***@h:5432/db"),
+    ("postgresql://alice:p?w=1&x@h/db?sslmode=require",
+     "postgresql://alice:***@h/db?sslmode=require"),
+    ("postgresql://alice:p/?@#s@h/db", "postgresql://alice:***@h/db"),
+    ("postgresql://h:5432/db", "postgresql://h:5432/db"),
+    # A later `@` hides more than the password, never less.
+    ("postgresql://alice:p/w@h/db?application_name=a@b", "postgresql://alice:***@b"),
 ])
 def test_redacted_hides_a_password_wherever_it_is(url: str, shown: str) -> None:
     assert db.redacted(url) == shown

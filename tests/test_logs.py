@@ -19,8 +19,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from jobqueue import HandlerRegistry, JobRunner, current_job, db, enqueue, enqueue_many
+from jobqueue import HandlerRegistry, JobRunner, current_job, db, enqueue, enqueue_many, task
 from jobqueue.logs import JsonFormatter, configure_logging
+from jobqueue.ops.logs import printable
 from jobqueue.testing import drain, wait_for
 from tests.conftest import run_cli
 
@@ -293,6 +294,46 @@ async def test_a_job_type_with_control_characters_is_refused(
     with pytest.raises(ValueError, match="control characters"):
         HandlerRegistry().register(job_type)
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+#: Characters that show nothing, or break a line where none is seen.
+INVISIBLE = {"line separator": "\u2028", "paragraph separator": "\u2029",
+             "arabic letter mark": "\u061c", "zero-width space": "\u200b",
+             "right-to-left mark": "\u200f", "zero-width joiner": "\u200d",
+             "byte order mark": "\ufeff", "soft hyphen": "\u00ad", "word joiner": "\u2060",
+             "tag": "\U000e0041"}
+
+
+@pytest.mark.parametrize("char", INVISIBLE.values(), ids=INVISIBLE.keys())
+async def test_a_job_type_with_invisible_characters_is_refused_everywhere(
+    client: httpx.AsyncClient, engine: AsyncEngine, conn: asyncpg.Connection, char: str
+) -> None:
+    """Issue 49: `send\u200bemail` looks like `send_email`'s neighbour
+    `sendemail` and is another type; U+2028 breaks a line where a reader
+    sees none. Refused wherever a job type is accepted, with the control
+    characters' message; text logs show them escaped."""
+    job_type = f"send{char}email"
+    answer = await client.post("/jobs", json={"job_type": job_type})
+    assert answer.status_code == 422 and "invisible" in answer.text, answer.text
+    with pytest.raises(ValueError, match="control characters or invisible ones"):
+        HandlerRegistry().register(job_type)
+    with pytest.raises(ValueError, match="control characters or invisible ones"):
+        async with AsyncSession(engine) as session:
+            await enqueue(session, job_type)
+    with pytest.raises(ValueError, match="control characters or invisible ones"):
+        task(name=job_type, registry=HandlerRegistry())(_a_task)
+    assert char not in printable(job_type) and "\\" in printable(job_type)
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+def test_the_cli_refuses_a_job_type_with_invisible_characters(db_url: str) -> None:
+    done = run_cli("enqueue", "send\u2028email", url=db_url)
+    assert done.returncode == 1 and "invisible" in done.stderr, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+
+
+async def _a_task(session: AsyncSession) -> None:
+    """A task whose name the test chooses."""
 
 
 async def test_status_shows_what_a_plain_insert_put_in_escaped(

@@ -45,6 +45,12 @@ when it is invalid (not a string, empty, over 100 characters) — unless a
 
 Guards, on every route of the router:
 
+- **Host names** (`origin.RouteHosts`): without a token, the routes answer
+  to loopback names only, as `jobqueue serve` does, whatever middleware
+  the app that mounts them has: a page whose name was made to resolve to
+  127.0.0.1 (DNS rebinding) is a 400. `allowed_hosts=` names others;
+  `auth=`, the app's own authentication, lets any name through, as a
+  token does.
 - **Bearer token**: if `JOBQUEUE_API_TOKEN` is set (or `token=` given),
   every request needs `Authorization: Bearer <token>` (401 otherwise,
   compared in constant time). It is checked before the body is read. In
@@ -127,9 +133,9 @@ from jobqueue.errors import (
     is_missing_schema,
     is_statement_timeout,
 )
-from jobqueue.ops import actions, held, metrics, routing
+from jobqueue.ops import actions, bodies, held, metrics, routing
 from jobqueue.ops.dashboard import create_dashboard
-from jobqueue.ops.origin import ANY_HOST, HostGuard, cross_origin
+from jobqueue.ops.origin import ANY_HOST, HostGuard, RouteHosts, cross_origin
 from jobqueue.ops.reads import (
     READ_TIMEOUT,
     TIMEOUT_HINT,
@@ -414,19 +420,42 @@ def _problem(status: int, detail: Any, headers: dict[str, str] | None = None) ->
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
+#: Most errors a 422 lists, and the longest name in a `loc` it shows.
+ERRORS_SHOWN = 20
+LOC_NAME_SHOWN = 40
+
+
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     """Where and what, without echoing the input back (it may be a megabyte):
-    no `input`, and a message cut at 300 characters (ours quote at most 40
-    of a value, `errors.shown`; a library's might quote more)."""
-    return [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))[:300],
-             "type": str(e.get("type", ""))} for e in exc.errors()]
+    no `input`, a message cut at 300 characters (ours quote at most 40 of a
+    value, `errors.shown`; a library's might quote more), each name in
+    `loc` cut at 40 (an unknown field is named by its key, which the client
+    chose), and the first 20 errors (a body of 100,000 unknown keys is as
+    many errors)."""
+    errors = exc.errors()
+    shown: list[dict[str, Any]] = [
+        {"loc": [_cut(part) for part in e.get("loc", ())],
+         "msg": str(e.get("msg", ""))[:300], "type": str(e.get("type", ""))}
+        for e in errors[:ERRORS_SHOWN]]
+    if len(errors) > ERRORS_SHOWN:
+        shown.append({"loc": [], "msg": f"and {len(errors) - ERRORS_SHOWN:,} more errors",
+                      "type": "more_errors"})
+    return shown
+
+
+def _cut(part: Any) -> Any:
+    if isinstance(part, str) and len(part) > LOC_NAME_SHOWN:
+        return f"{part[:LOC_NAME_SHOWN - 1]}…"
+    return part
 
 
 class _GuardedRoute(APIRoute):
-    """Every route of the router: token first, then the body's size, then the
-    handler; validation errors and leftover ValueErrors become 422s."""
+    """Every route of the router: the Host name first (`RouteHosts`), then
+    the token, then the body's size, then the handler; validation errors and
+    leftover ValueErrors become 422s."""
 
     token: Any = _FROM_ENV
+    hosts: RouteHosts = RouteHosts()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     throttle: Throttle
     read_timeout: float = READ_TIMEOUT
@@ -435,7 +464,7 @@ class _GuardedRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
-        token, limit, throttle = self.token, self.max_body_bytes, self.throttle
+        token, hosts, limit, throttle = self.token, self.hosts, self.max_body_bytes, self.throttle
         read_timeout, shared = self.read_timeout, self.shared
 
         async def guarded(request: Request) -> Response:
@@ -447,7 +476,11 @@ class _GuardedRoute(APIRoute):
             return response
 
         async def answer(request: Request) -> Response:
-            refused = _token_refusal(request, resolve(token), throttle)
+            expected = resolve(token)
+            wrong_host = hosts.refusal(request.scope, expected)
+            if wrong_host is not None:
+                return _problem(400, wrong_host)
+            refused = _token_refusal(request, expected, throttle)
             if refused is not None:
                 return refused
             if cross_origin(request):
@@ -517,13 +550,12 @@ async def _read_body(request: Request, limit: int) -> bytes | Response:
             return _problem(400, "Content-Length is not a number")
         if int(declared) > limit:
             return too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await bodies.read(request, limit)
+    except bodies.TooLarge:
+        return too_large
+    except bodies.Gone:  # nobody reads this answer
+        return _problem(400, "the client went away before sending its whole body")
 
 
 def _with_body(request: Request, body: bytes) -> Request:
@@ -614,6 +646,8 @@ def create_router(
     dashboard: bool = True,
     throttle: Throttle | None = None,
     read_timeout: float = READ_TIMEOUT,
+    allowed_hosts: Sequence[str] | None = None,
+    auth: Callable[..., Any] | None = None,
 ) -> APIRouter:
     """The API's routes, for `app.include_router(...)`, and the dashboard's.
 
@@ -621,6 +655,15 @@ def create_router(
         override). registry: if given, job types without a handler in it are
         refused. token: the bearer token; by default `JOBQUEUE_API_TOKEN`,
         read at each request; None: no token. max_body_bytes: request body limit.
+    allowed_hosts: the Host names the routes answer to (names, `*.domain`,
+        `ANY_HOST`); a request naming another is a 400 before anything runs.
+        None: any name while a token or `auth` guards the routes, loopback
+        names only while nothing does, as `jobqueue serve` (a page whose
+        name was made to resolve to 127.0.0.1 is refused: DNS rebinding).
+    auth: a dependency of your own that every route runs (what you would
+        put in `Depends(...)`; raise an HTTPException to refuse). It must
+        rest on something a browser does not send to every site by itself:
+        a cookie of your domain, a header, not the client's address.
     cancel_wait: seconds `DELETE /jobs/{id}` waits for a running job to stop.
     dashboard: include the dashboard (`/` and `/dashboard/…`, see
         `jobqueue.ops.dashboard`), guarded by the same token.
@@ -634,15 +677,15 @@ def create_router(
         check(token)
     throttle = Throttle() if throttle is None else throttle
     queue_list, scrapes = _shared_readings()
+    hosts = RouteHosts(allowed_hosts, own_auth=auth is not None)
     route_class = type("JobqueueRoute", (_GuardedRoute,),
-                       {"token": token, "max_body_bytes": max_body_bytes,
+                       {"token": token, "hosts": hosts, "max_body_bytes": max_body_bytes,
                         "throttle": throttle, "read_timeout": read_timeout,
                         "shared": (queue_list, scrapes)})
     connection = get_connection if engine is None else _engine_dependency(engine)
     Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
     r = APIRouter(route_class=route_class, responses=_ERRORS,
-                  # Declares the scheme in the OpenAPI schema; the check is the route's.
-                  dependencies=[Security(HTTPBearer(auto_error=False))])
+                  dependencies=_router_dependencies(auth))
 
     @r.post("/jobs", status_code=201, response_model=Created, name="jobqueue_create_job",
             summary="Enqueue a job", tags=["jobs"])
@@ -717,9 +760,9 @@ def create_router(
 
     _add_queue_routes(r, Conn, queue_list, read_timeout)
     if dashboard:
-        r.include_router(create_dashboard(connection, token=token, cancel_wait=cancel_wait,
-                                          throttle=throttle, read_timeout=read_timeout,
-                                          routes=queue_list))
+        r.include_router(create_dashboard(connection, token=token, hosts=hosts,
+                                          cancel_wait=cancel_wait, throttle=throttle,
+                                          read_timeout=read_timeout, routes=queue_list))
 
     @r.get("/metrics", name="jobqueue_metrics", summary="Prometheus metrics",
            response_class=Response, tags=["observability"],
@@ -730,6 +773,15 @@ def create_router(
         return Response(body, media_type=metrics.CONTENT_TYPE_LATEST)
 
     return r
+
+
+def _router_dependencies(auth: Callable[..., Any] | None) -> list[Any]:
+    """The bearer scheme, declared for the OpenAPI schema (the check is the
+    route's), and the app's own authentication if it gave one."""
+    dependencies: list[Any] = [Security(HTTPBearer(auto_error=False))]
+    if auth is not None:
+        dependencies.append(Depends(auth))
+    return dependencies
 
 
 def _shared_readings() -> tuple[Shared[routing.Routing], Shared[bytes]]:
@@ -903,8 +955,11 @@ def create_app(
     app.state.jobqueue_engine = engine
     app.include_router(create_router(engine, registry=registry, token=token,
                                      max_body_bytes=max_body_bytes, cancel_wait=cancel_wait,
-                                     throttle=throttle, read_timeout=read_timeout))
-    app.include_router(_docs_router(app, token, max_body_bytes, throttle))
+                                     throttle=throttle, read_timeout=read_timeout,
+                                     allowed_hosts=allowed_hosts))
+    app.include_router(_docs_router(app, token, max_body_bytes, throttle, allowed_hosts))
+    # The middleware answers first, on every path (those no route has too);
+    # the routes' own check, the same rule, is what travels with the router.
     if allowed_hosts is None and token is not None:
         allowed_hosts = [ANY_HOST]
     app.add_middleware(HostGuard, allowed=allowed_hosts)
@@ -912,10 +967,11 @@ def create_app(
 
 
 def _docs_router(app: FastAPI, token: str | None, max_body_bytes: int,
-                 throttle: Throttle) -> APIRouter:
+                 throttle: Throttle, allowed_hosts: Sequence[str] | None) -> APIRouter:
     """/openapi.json behind the same guards as the API."""
     route_class = type("JobqueueDocsRoute", (_GuardedRoute,),
-                       {"token": token, "max_body_bytes": max_body_bytes, "throttle": throttle})
+                       {"token": token, "hosts": RouteHosts(allowed_hosts),
+                        "max_body_bytes": max_body_bytes, "throttle": throttle})
     docs = APIRouter(route_class=route_class, include_in_schema=False)
 
     @docs.get("/openapi.json")

@@ -338,11 +338,17 @@ def _work(args: argparse.Namespace, stopped: list[int]) -> int:
     return 0
 
 
+#: Seconds `serve` gives a connection to send a request's line and headers
+#: (`jobqueue.ops.header_timeout`: slow clients).
+HEADER_TIMEOUT = 10.0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
         from jobqueue.ops.api import create_app
+        from jobqueue.ops.header_timeout import with_header_timeout
         from jobqueue.ops.origin import is_loopback
     except ImportError as e:
         raise CliError(f"the HTTP API needs the `api` extra (pip install 'jobqueue[api]'): "
@@ -354,6 +360,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0.001 <= args.read_timeout <= 3600:
         raise CliError(f"--read-timeout must be between 0.001 and 3600 seconds, not "
                        f"{args.read_timeout:g}")
+    if not 0.1 <= args.header_timeout <= 3600:
+        raise CliError(f"--header-timeout must be between 0.1 and 3600 seconds, not "
+                       f"{args.header_timeout:g}")
     if not is_loopback(args.host) and not os.environ.get(TOKEN_ENV):
         raise CliError(f"refusing to serve on {args.host} without {TOKEN_ENV}: anyone who "
                        "can reach it could enqueue, retry and cancel jobs and pause queues; "
@@ -374,7 +383,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_config=None,
                     log_level=args.log_level.lower(),
                     proxy_headers=args.forwarded_allow_ips is not None,
-                    forwarded_allow_ips=args.forwarded_allow_ips)
+                    forwarded_allow_ips=args.forwarded_allow_ips,
+                    http=with_header_timeout(args.header_timeout))
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
@@ -764,6 +774,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--read-timeout", type=float, default=READ_TIMEOUT, metavar="SECONDS",
                    help="how long each read of the API and the dashboard may run before "
                         f"the database stops it and the answer is a 503 (default {READ_TIMEOUT:g})")
+    s.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT, metavar="SECONDS",
+                   help="how long a connection may take to send a request's line and "
+                        "headers before it is closed (default "
+                        f"{HEADER_TIMEOUT:g}; slow clients: see the deployment page)")
     s.add_argument("--forwarded-allow-ips", metavar="IPS",
                    help="addresses of the reverse proxies whose X-Forwarded-For and "
                         "X-Forwarded-Proto to believe (comma-separated, as uvicorn's); "

@@ -7,7 +7,10 @@ the origin check passes; only the `Host` header still says which name the
 browser meant. `HostGuard` answers only to expected names: loopback ones
 (`localhost`, `127.0.0.1`, `[::1]`) when the app has no token, any when it
 has one (the token is what a rebinding page cannot send), or the names it
-is given.
+is given. The routes `create_router` makes apply the same rule themselves
+(`RouteHosts`): the app that mounts them has middleware of its own, and an
+app whose routes ask for no token is as open to a rebinding page as
+`serve` would be.
 
 Without a token the API and the dashboard listen on loopback only, but any
 page the user opens can still make their browser POST to
@@ -30,7 +33,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["ANY_HOST", "SAFE_METHODS", "HostGuard", "cross_origin", "is_loopback"]
+__all__ = ["ANY_HOST", "SAFE_METHODS", "HostGuard", "HostRule", "RouteHosts", "cross_origin",
+           "host_name", "is_loopback"]
 
 #: `allowed_hosts` that lets every Host through (an app with a token).
 ANY_HOST = "*"
@@ -75,15 +79,13 @@ def host_name(header: str) -> str | None:
     return None if name is None else name.rstrip(".")
 
 
-class HostGuard:
-    """ASGI middleware: a request whose Host names another machine than the
-    ones expected gets a 400 before anything else runs (the name is not
-    echoed). `allowed`: None, loopback names only; else names (any case),
-    `*.domain` for its subdomains, or `ANY_HOST`. A request without a Host
-    header (HTTP/1.0, never a browser) passes."""
+class HostRule:
+    """Which machines a request may say it is for, by its Host header.
+    `allowed`: None, loopback names only; else names (any case), `*.domain`
+    for its subdomains, or `ANY_HOST`. A request without a Host header
+    (HTTP/1.0, never a browser) passes."""
 
-    def __init__(self, app: ASGIApp, allowed: Sequence[str] | None = None) -> None:
-        self.app = app
+    def __init__(self, allowed: Sequence[str] | None = None) -> None:
         self.any = allowed is not None and ANY_HOST in allowed
         self.names = {a.lower().rstrip(".") for a in allowed or () if not a.startswith("*.")}
         self.suffixes = tuple(a.lower()[1:] for a in allowed or () if a.startswith("*."))
@@ -100,15 +102,56 @@ class HostGuard:
         name = name.lower()
         return name in self.names or name.endswith(self.suffixes)
 
+
+#: The rule without a token: what a rebinding page's request cannot pass.
+LOOPBACK_NAMES = HostRule(None)
+#: The rule when every request must authenticate.
+ANY_NAME = HostRule([ANY_HOST])
+
+
+def host_header(scope: Scope) -> str | None:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+
+
+class RouteHosts:
+    """The Host rule of `create_router`'s routes, which an app of its own
+    mounts without `HostGuard` (its middleware is not ours): the names
+    given; else any name while requests must authenticate (the token in
+    force, or the app's own `auth` dependency: what a rebinding page cannot
+    send), loopback names while nothing does, as `jobqueue serve` does."""
+
+    def __init__(self, allowed: Sequence[str] | None = None, own_auth: bool = False) -> None:
+        self.given = None if allowed is None else HostRule(allowed)
+        self.own_auth = own_auth
+
+    def refusal(self, scope: Scope, token: str | None) -> str | None:
+        """Why this request is refused (a 400, the name not echoed); None: go on."""
+        rule = self.given or (ANY_NAME if token is not None or self.own_auth
+                              else LOOPBACK_NAMES)
+        if rule.allows(host_header(scope)):
+            return None
+        if rule.loopback_only:
+            return ("these routes do not answer to that host name: without a token or an "
+                    "auth dependency they answer to loopback names only (create_router's "
+                    "allowed_hosts names others)")
+        return "these routes do not answer to that host name (create_router's allowed_hosts)"
+
+
+class HostGuard:
+    """ASGI middleware: a request whose Host names another machine than the
+    ones expected (`HostRule`) gets a 400 before anything else runs (the
+    name is not echoed)."""
+
+    def __init__(self, app: ASGIApp, allowed: Sequence[str] | None = None) -> None:
+        self.app = app
+        self.rule = HostRule(allowed)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"),
-                          None)
-            if not self.allows(header):
-                answer = ("this server does not answer to that host name: without a token "
-                          "it answers to loopback names only (see --allowed-host)"
-                          if self.loopback_only else
-                          "this server does not answer to that host name (see --allowed-host)")
-                await JSONResponse({"detail": answer}, status_code=400)(scope, receive, send)
-                return
+        if scope["type"] in ("http", "websocket") and not self.rule.allows(host_header(scope)):
+            answer = ("this server does not answer to that host name: without a token it "
+                      "answers to loopback names only (see --allowed-host)"
+                      if self.rule.loopback_only else
+                      "this server does not answer to that host name (see --allowed-host)")
+            await JSONResponse({"detail": answer}, status_code=400)(scope, receive, send)
+            return
         await self.app(scope, receive, send)

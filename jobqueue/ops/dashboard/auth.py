@@ -2,7 +2,8 @@
 
 With a token (`JOBQUEUE_API_TOKEN`), a person types it once into the login
 form; the answer is a session cookie (HttpOnly: page scripts cannot read
-it; SameSite=Strict: other sites' pages do not send it) holding a random
+it; SameSite=Strict: other sites' pages do not send it; Secure unless the
+dashboard is plain HTTP on this machine, `secure`) holding a random
 secret. The database keeps that secret's digest under the token
 (`jobqueue_sessions`) until the session expires after `SESSION_SECONDS`
 or its owner logs out, so the token never sits in the browser, a logout
@@ -27,12 +28,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from starlette.requests import Request
 from starlette.responses import Response
 
+from jobqueue.ops.origin import host_name, is_loopback
 from jobqueue.ops.reads import bounded
 from jobqueue.schema.queries import queries
 
 __all__ = ["CSRF_COOKIE", "CSRF_FIELD", "SESSION_COOKIE", "SESSION_SECONDS", "csrf_ok",
-           "csrf_token", "end_session", "session_valid", "set_csrf_cookie", "start_session",
-           "token_matches"]
+           "csrf_token", "end_session", "secure", "session_valid", "set_csrf_cookie",
+           "start_session", "token_matches"]
 
 SESSION_COOKIE = "jobqueue_session"
 CSRF_COOKIE = "jobqueue_csrf"
@@ -76,6 +78,24 @@ async def session_valid(request: Request, conn: Executor, token: str) -> bool:
         return bool(found.scalar())
 
 
+def secure(request: Request) -> bool:
+    """Whether the cookies get `Secure` (the browser then sends them over
+    HTTPS only): when the request came over HTTPS as the server sees it
+    (uvicorn's TLS, or `X-Forwarded-Proto` from a proxy `serve
+    --forwarded-allow-ips` names), or when it names the server by a name
+    that is not a loopback one. Such a request came across the network,
+    which is only ever meant to be through a proxy that terminates TLS (the
+    token is no substitute for it); behind that proxy the server itself
+    sees plain HTTP, so the scheme alone left the cookies without `Secure`.
+    Plain HTTP to `localhost` or `127.0.0.1` stays without it: a browser
+    need not keep a Secure cookie that came over plain HTTP, even from there
+    (not every one does)."""
+    if request.url.scheme == "https":
+        return True
+    name = host_name(request.headers.get("host", ""))
+    return name is not None and not is_loopback(name)
+
+
 def _path(request: Request) -> str:
     """Cookies are kept to where the dashboard is mounted."""
     return str(request.scope.get("jobqueue_dashboard_root", "/")) or "/"
@@ -88,8 +108,7 @@ async def start_session(request: Request, response: Response, conn: Executor,
         await conn.execute(queries["session_start"].text,
                            {"digest": _digest(token, secret), "seconds": SESSION_SECONDS})
     response.set_cookie(SESSION_COOKIE, secret, max_age=SESSION_SECONDS, path=_path(request),
-                        httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")
+                        httponly=True, samesite="strict", secure=secure(request))
 
 
 async def end_session(request: Request, response: Response, conn: Executor,
@@ -101,7 +120,8 @@ async def end_session(request: Request, response: Response, conn: Executor,
         async with conn.begin():
             await conn.execute(queries["session_end"].text, {"digest": _digest(token, secret)})
     for name in (SESSION_COOKIE, CSRF_COOKIE):
-        response.delete_cookie(name, path=_path(request), httponly=True, samesite="strict")
+        response.delete_cookie(name, path=_path(request), httponly=True, samesite="strict",
+                               secure=secure(request))
 
 
 def csrf_token(request: Request) -> tuple[str, bool]:
@@ -115,7 +135,7 @@ def csrf_token(request: Request) -> tuple[str, bool]:
 
 def set_csrf_cookie(request: Request, response: Response, value: str) -> None:
     response.set_cookie(CSRF_COOKIE, value, path=_path(request), httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+                        samesite="strict", secure=secure(request))
 
 
 def csrf_ok(request: Request, form: dict[str, str]) -> bool:

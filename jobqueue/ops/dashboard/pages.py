@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from jobqueue.enqueue import check_queue
+from jobqueue.errors import shown
 from jobqueue.ops import held
 from jobqueue.schema.models import PRIORITY_MAX, PRIORITY_MIN
 from jobqueue.schema.queries import queries
@@ -114,7 +115,7 @@ async def list_jobs(conn: Executor, tab: str, *, queue: str | None = None,
                     cursor: str | None = None, limit: int = PAGE_SIZE) -> Page:
     """One page of a tab. ValueError: an unknown tab or a damaged cursor."""
     if tab not in TABS:
-        raise ValueError(f"no such list: {tab!r}")
+        raise ValueError(f"no such list: {shown(tab)}")
     try:  # whatever a foreign cursor breaks on, the reader hears the same
         params = _params(tab, queue, before, cursor)
     except (TypeError, ValueError, binascii.Error, RecursionError):

@@ -7,7 +7,8 @@ fetches every few seconds and swaps in: one way to render, no client-side
 templating. Responses forbid inline scripts and anything not served from
 here (Content-Security-Policy), a second wall behind the escaping.
 
-A guard runs before every route (`_DashboardRoute`): with a token, a valid
+A guard runs before every route (`_DashboardRoute`): a Host name it
+answers to (`origin.RouteHosts`, the API's rule); with a token, a valid
 session or a redirect to the login form; for anything that changes
 something, a same-origin browser and the form's CSRF token; a small body.
 """
@@ -36,10 +37,11 @@ from jobqueue.errors import (
     is_connection_error,
     is_missing_schema,
     is_statement_timeout,
+    shown,
 )
-from jobqueue.ops import actions, horizon
+from jobqueue.ops import actions, bodies, horizon
 from jobqueue.ops.dashboard import auth, charts, overview, pages
-from jobqueue.ops.origin import SAFE_METHODS, cross_origin
+from jobqueue.ops.origin import SAFE_METHODS, RouteHosts, cross_origin
 from jobqueue.ops.reads import (
     READ_TIMEOUT,
     TIMEOUT_HINT,
@@ -149,17 +151,22 @@ class _DashboardRoute(APIRoute):
     session is looked up on the connection the page then uses."""
 
     token: Any = FROM_ENV
+    hosts: RouteHosts = RouteHosts()
     read_timeout: float = READ_TIMEOUT
     #: What to read afresh after a change made from a page (the overview).
     readings: tuple[overview.Overview, ...] = ()
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
-        token_setting, read_timeout, readings = self.token, self.read_timeout, self.readings
+        token_setting, hosts = self.token, self.hosts
+        read_timeout, readings = self.read_timeout, self.readings
 
         async def guarded(request: Request) -> Response:
             request.scope["jobqueue_dashboard_root"] = request.url_for("jobqueue_dashboard").path
             request.state.token = resolve(token_setting)
+            wrong_host = hosts.refusal(request.scope, request.state.token)
+            if wrong_host is not None:  # before anything runs, and with no cookie set
+                return Response(wrong_host, 400, SECURITY_HEADERS, media_type="text/plain")
             request.state.read_timeout = read_timeout
             request.state.logged_in = False
             request.state.form = {}
@@ -221,11 +228,12 @@ async def _read_form(request: Request) -> dict[str, str]:
     if request.headers.get("content-type", "").split(";")[0].strip() \
             != "application/x-www-form-urlencoded":
         return {}  # no form: no CSRF token either, refused as such
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            raise _Refused(413, "That form is too large.")
+    try:
+        body = await bodies.read(request, MAX_FORM_BYTES)
+    except bodies.TooLarge:
+        raise _Refused(413, "That form is too large.") from None
+    except bodies.Gone:  # nobody reads this answer
+        raise _Refused(400, "The form was not sent whole.") from None
     try:
         return dict(parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=20))
     except (UnicodeDecodeError, ValueError):
@@ -283,11 +291,12 @@ def _job_id(text: str) -> uuid.UUID:
 
 
 def _filters(request: Request) -> dict[str, Any]:
-    """The job list's filters from the query string; a bad one is a 400 page."""
+    """The job list's filters from the query string; a bad one is a 400 page
+    that quotes 40 characters of it at most (escaped, as all text is)."""
     q = request.query_params
     tab = q.get("status") or "waiting"
     if tab not in pages.TABS:
-        raise _Refused(400, f"There is no list of {tab!r} jobs; the lists are "
+        raise _Refused(400, f"There is no list of {shown(tab)} jobs; the lists are "
                             + ", ".join(pages.TABS) + ".")
     try:
         queue = check_queue(q["queue"]) if q.get("queue") else None
@@ -306,7 +315,7 @@ def _before(text: str | None) -> datetime | None:
     try:
         at = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"'before' is not a time: {text!r}") from None
+        raise ValueError(f"'before' is not a time: {shown(text)}") from None
     return pages.in_range(at.replace(tzinfo=UTC) if at.tzinfo is None else at)
 
 
@@ -317,6 +326,7 @@ OVERVIEW_TTL = 1.5
 
 
 def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
+                     hosts: RouteHosts | None = None,
                      cancel_wait: float = 2.0, overview_ttl: float = OVERVIEW_TTL,
                      throttle: Throttle | None = None,
                      read_timeout: float = READ_TIMEOUT,
@@ -324,8 +334,10 @@ def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
     """The dashboard's routes: `/` and `/dashboard/…` of the router they join.
 
     connection: the dependency that yields a connection (the API's). token:
-    as `create_router`'s. cancel_wait: seconds a cancel waits for a running
-    job's worker. overview_ttl: how stale the overview's shared reading may be.
+    as `create_router`'s. hosts: the Host names it answers to (None: loopback
+    names without a token, any with one). cancel_wait: seconds a cancel
+    waits for a running job's worker. overview_ttl: how stale the overview's
+    shared reading may be.
     throttle: counts each client's wrong tokens (`jobqueue.ops.throttle`).
     read_timeout: seconds each page's reads may run (`jobqueue.ops.reads`).
     routes: the pass over the table that `/queues` and `/metrics` share, to
@@ -333,7 +345,8 @@ def create_dashboard(connection: ConnectionDependency, *, token: Any = FROM_ENV,
     """
     seen = overview.Overview(ttl=overview_ttl, timeout=read_timeout, routes=routes)
     route = type("JobqueueDashboardRoute", (_DashboardRoute,),
-                 {"token": token, "read_timeout": read_timeout, "readings": (seen,)})
+                 {"token": token, "hosts": RouteHosts() if hosts is None else hosts,
+                  "read_timeout": read_timeout, "readings": (seen,)})
     Conn = Annotated[Executor, Depends(connection)]  # noqa: N806 - a type alias
     guard, open_guard = _guards(Conn)
     r = APIRouter(route_class=route, include_in_schema=False, dependencies=[Depends(guard)])
