@@ -31,6 +31,7 @@ from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.ops.logs import FORMATS, configure_logging, printable_values
 from jobqueue.ops.reads import READ_TIMEOUT
 from jobqueue.ops.token import TOKEN_ENV
+from jobqueue.redact import cleaner
 from jobqueue.worker import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
@@ -773,10 +774,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(exc: BaseException) -> str:
+    """The error's first line, without the values a database error quotes."""
+    clean = cleaner(exc)
     if isinstance(exc, DBAPIError) and exc.orig is not None:
         exc = exc.orig
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text
+    text = clean(str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> None:
