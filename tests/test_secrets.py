@@ -8,19 +8,21 @@ its SQLSTATE, its message) does."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
-from jobqueue import db, enqueue
+from jobqueue import HandlerRegistry, db, enqueue
 from jobqueue.api import TOKEN_ENV, create_app
-from jobqueue.testing import WorkerProcess
+from jobqueue.testing import WorkerProcess, drain
 from tests.conftest import ROOT, TEMPLATE, client_for, run_cli
-from tests.secret_handlers import API_KEY, CARD, SEED, TABLES
+from tests.secret_handlers import API_KEY, CARD, CHARGE, SEED, TABLES
 
 SECRETS = (CARD, API_KEY)
 
@@ -167,3 +169,32 @@ def test_the_worker_log(failed: Failed) -> None:
             assert_said(line, job_type, "the worker's log")
     assert log.count("Traceback (most recent call last):") >= len(failed.jobs)
     assert_hidden(log, "the worker's log")
+
+
+async def test_sqlalchemys_own_log_hides_the_values_too(
+        db_url: str, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture) -> None:
+    """SQLAlchemy logs each statement with its parameters when its logger is
+    at INFO: the worker's engines (async and sync) log them hidden."""
+    await conn.execute(TABLES[0])
+    registry = HandlerRegistry()
+
+    @registry.register("store_async")
+    async def store_async(session: Any, payload: dict[str, Any]) -> None:
+        await session.execute(CHARGE, {"card": CARD, "key": API_KEY})
+
+    @registry.register("store_sync")
+    def store_sync(session: Any, payload: dict[str, Any]) -> None:
+        session.execute(CHARGE, {"card": CARD[::-1], "key": API_KEY})
+
+    engine = db.create_engine(db_url)
+    async with engine.begin() as s:
+        for job_type in ("store_async", "store_sync"):
+            await enqueue(s, job_type)
+    await engine.dispose()
+    with caplog.at_level(logging.INFO, logger="sqlalchemy.engine"):
+        report = await drain(db_url, registry=registry)
+    assert report["processed"] == 2
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("sqlalchemy.engine")]
+    assert sum("INSERT INTO charges" in line for line in logged) == 2
+    assert any("hidden due to hide_parameters=True" in line for line in logged)
+    assert not any(secret in line for line in logged for secret in (*SECRETS, CARD[::-1]))
