@@ -283,9 +283,14 @@ def create_engine(url: str | None = None, **kwargs: Any) -> AsyncEngine:
 
     `create_async_engine` is looked up when called, not imported by name:
     OpenTelemetry's SQLAlchemy instrumentation replaces it, and a worker's
-    engines (made here) must trace a handler's statements once it has."""
+    engines (made here) must trace a handler's statements once it has.
+
+    Its errors and its log leave out the values statements were given
+    (`hide_parameters=True` unless passed): a payload or a handler's data
+    is not an error's to repeat (`redact.py`)."""
     create_async_engine = sqlalchemy.ext.asyncio.create_async_engine
     kwargs.setdefault("pool_pre_ping", False)
+    kwargs.setdefault("hide_parameters", True)
     target = database_url(url)
     parsed = make_url(target)
     if len(servers(parsed)) > 1:

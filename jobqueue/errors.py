@@ -8,6 +8,8 @@ import random
 import asyncpg
 from sqlalchemy.exc import DBAPIError
 
+from jobqueue.redact import cleaner
+
 # What a restart, a dropped connection or an unreachable server looks like.
 # 57P01-57P03 (admin shutdown, crash shutdown, cannot connect now) arrive as
 # errors from the server itself. InternalClientError ("another operation is in
@@ -84,9 +86,10 @@ def is_timeout(exc: BaseException) -> bool:
 
 
 def one_line(exc: BaseException) -> str:
-    """The innermost cause, on one line, for a log or an error message."""
+    """The innermost cause, on one line, for a log or an error message
+    (without the values a database error quotes: `redact.py`)."""
     root = _causes(exc)[-1]
-    text = str(root).strip().splitlines()
+    text = cleaner(exc)(str(root)).strip().splitlines()
     return f"{type(root).__name__}: {text[0]}" if text else type(root).__name__
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ try:
 except ImportError:  # the `otel` extra is not installed
     trace = None  # type: ignore[assignment]
 
+from jobqueue.redact import cleaner, error_line
 from jobqueue.schema.locks import CANCELLED
 
 __all__ = ["ON", "Produced", "producing", "tracer"]
@@ -144,7 +146,7 @@ def finish_job(job_span: JobSpan, outcome: Any, error: BaseException | None,
     elif rerun:
         finish(job_span, "rerun")
     elif error is not None:
-        finish(job_span, "failed", f"{type(error).__name__}: {error}", exc=error)
+        finish(job_span, "failed", error_line(error), exc=error)
     else:
         finish(job_span, None)
 
@@ -186,8 +188,11 @@ def finish(job_span: JobSpan, kind: str | None, error: str | None = None, *,
         elif kind == "rerun":
             span.add_event("jobqueue.rerun")
         elif kind == "failed":
-            if exc is not None:
-                span.record_exception(exc)
+            if exc is not None:  # as the job keeps it: no statement's values
+                clean = cleaner(exc)
+                span.record_exception(exc, attributes={
+                    "exception.message": clean(str(exc)),
+                    "exception.stacktrace": clean("".join(traceback.format_exception(exc)))})
             span.set_status(StatusCode.ERROR, error)
             if stopped == CANCELLED:
                 span.add_event("jobqueue.cancelled")

@@ -11,10 +11,11 @@ later.
 ==================================  =====================================
 annotation                          JSON form (read back as)
 ==================================  =====================================
-`int`, `float`, `str`, `bool`,      as is (`float` takes an int too)
-`None`
+`int`, `float`, `str`, `bool`,      as is (`float` takes an int too); an
+`None`                              int is a bigint, a float finite
 `Decimal`                           string, every digit ("9.99"); an int
-                                    is taken as a Decimal
+                                    is taken as a Decimal; finite, within
+                                    PostgreSQL's numeric
 `datetime`, `date`, `time`          ISO 8601 string
 `UUID`                              string
 an `Enum`                           its value
@@ -41,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import math
+import re
 import types
 import typing
 import uuid
@@ -66,10 +69,19 @@ class Converter:
 
 
 def _fail(expected: str, value: Any) -> TypeError:
-    shown = repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
+    if isinstance(value, int) and not isinstance(value, bool) and not _fits(value, 10**60):
+        # repr() of an int past 4,300 digits is a ValueError: say its size instead
+        digits = int(value.bit_length() * 0.30103) + 1
+        shown = f"of about {digits:,} digits"
+    else:
+        shown = repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
     return TypeError(f"expected {expected}, got {type(value).__name__} {shown}")
+
+
+def _fits(value: int, bound: int) -> bool:
+    return -bound <= value < bound
 
 
 def _checked(kind: type | tuple[type, ...], expected: str,
@@ -92,36 +104,78 @@ def _any_encode(value: Any) -> Any:
 _ANY = Converter("any JSON value", _any_encode, lambda value: value)
 _NONE = Converter("None", _checked(type(None), "None"), _checked(type(None), "null"))
 _BOOL = Converter("bool", _checked(bool, "a bool"), _checked(bool, "a boolean"))
-_INT = Converter("int", _checked(int, "an int", refuse_bool=True),
-                 _checked(int, "a whole number", refuse_bool=True))
 _STR = Converter("str", _checked(str, "a str"), _checked(str, "a string"))
+
+#: An `int` is a signed 64-bit integer, PostgreSQL's bigint: jsonb keeps any
+#: number exactly, so `{"n": 1e300}` arrives as a 301-digit int; a number
+#: past this is a mistake, or one for `Decimal` or `str` (see `docs/tasks.md`).
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+#: A `Decimal` is one PostgreSQL's numeric can hold: at most 131,072 digits
+#: before the point and 16,383 after (`1e999999999` costs 11 characters,
+#: and neither numeric nor Python's default context, whose exponents stop at
+#: 999,999, could do anything with it).
+DECIMAL_DIGITS_BEFORE, DECIMAL_DIGITS_AFTER = 131_072, 16_383
+# What a Decimal's string may be: the digits str(Decimal) writes (ASCII),
+# a sign, a point, an exponent. Python's Decimal() also takes surrounding
+# spaces, underscores, other scripts' digits, "Infinity", "NaN" and "sNaN".
+_DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _int(expected: str) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(expected, value)
+        if not INT_MIN <= value <= INT_MAX:
+            raise _fail(f"{expected} from -2**63 to 2**63-1 (a bigint)", value)
+        return value
+    return check
+
+
+_INT = Converter("int", _int("an int"), _int("a whole number"))
 
 
 def _float_encode(value: Any) -> float:
+    """A float, or an int a float can hold (a float parameter takes both)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail("a float", value)
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past 1.8e308
+        raise _fail("a float (an int within a float's range)", value) from None
+    if not math.isfinite(number):  # jsonb has no NaN nor infinity
+        raise _fail("a finite float", value)
+    return number
 
 
 _FLOAT = Converter("float", _float_encode, _float_encode)
 
 
+def _within(number: Decimal, value: Any) -> Decimal:
+    """`number`, if finite and PostgreSQL's numeric could hold it."""
+    if not number.is_finite():
+        raise _fail("a finite Decimal", value)
+    before = number.adjusted() + 1  # for a zero too: 0E+999999999
+    after = max(0, -number.as_tuple().exponent)  # type: ignore[operator]
+    if before > DECIMAL_DIGITS_BEFORE or after > DECIMAL_DIGITS_AFTER:
+        raise _fail(f"a Decimal of at most {DECIMAL_DIGITS_BEFORE:,} digits before the "
+                    f"point and {DECIMAL_DIGITS_AFTER:,} after", value)
+    return number
+
+
 def _decimal_encode(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, Decimal | int):
         raise _fail("a Decimal (or an int)", value)
-    number = Decimal(value)
-    if not number.is_finite():
-        raise TypeError(f"expected a finite Decimal, got {value}")
-    return str(number)
+    return str(_within(Decimal(value), value))
 
 
 def _decimal_decode(value: Any) -> Decimal:
-    if not isinstance(value, str):
+    if not isinstance(value, str) or not _DECIMAL_TEXT.fullmatch(value):
         raise _fail("a Decimal as a string", value)
     try:
-        return Decimal(value)
-    except InvalidOperation:
+        number = Decimal(value)
+    except InvalidOperation:  # an exponent past what Decimal() reads
         raise _fail("a Decimal as a string", value) from None
+    return _within(number, value)
 
 
 _DECIMAL = Converter("Decimal", _decimal_encode, _decimal_decode)

@@ -79,6 +79,13 @@ async def test_run_at_schedules_the_job(db_url: str, conn: asyncpg.Connection) -
         (["enqueue", "t", "--payload", "{not json"], "not valid JSON"),
         (["enqueue", "t", "--payload", "[1, 2]"], "JSON object"),
         (["enqueue", "t", "--payload", '{"a": "\\u0000"}'], "NUL"),
+        (["enqueue", "t", "--payload", '{"n": %s}' % ("1" * 5000)],
+         "more than 4,300 digits, the most Python reads: send it as a string"),
+        (["enqueue", "t", "--payload", "[" * 1000 + "]" * 1000], "nested too deeply"),
+        # read, and checked, but nested too deeply for the encoding that
+        # runs deeper in the stack, inside the database call
+        (["enqueue", "t", "--payload", '{"a": %s}' % ("[" * 990 + "]" * 990)],
+         "nested too deeply"),
         (["enqueue", "t", "--max-retries", "-1"], "between 0 and"),
         (["enqueue", "", "--payload", "{}"], "must not be empty"),
         (["enqueue", "x" * 200], "limit is 100"),

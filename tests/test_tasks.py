@@ -165,6 +165,37 @@ async def test_a_task_is_a_job_type_like_any_other_and_a_bad_payload_by_name_fai
     assert by_name not in errors
 
 
+async def test_numbers_a_handler_cannot_mean_fail_the_job_naming_the_parameter(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
+) -> None:
+    """Non-finite, signalling or huge Decimals, Decimal strings with spaces or
+    underscores, `1e300` for an int (jsonb gives back a 301-digit int), an int
+    no float can hold: each job fails before its function runs, saying which
+    parameter (issue 49)."""
+    registry, ran = HandlerRegistry(), []
+
+    @task(max_retries=0, registry=registry)
+    async def pay(session: Any, amount: Decimal = Decimal(1), n: int = 1,
+                  ratio: float | str = 1.0) -> None:
+        ran.append((amount, n, ratio))
+
+    bad = [{"amount": text} for text in ("Infinity", "NaN", "sNaN", "1e999999999", " 12 ",
+                                         "1_000")]
+    bad += [{"n": 1e300}, {"ratio": 10**399}]
+    async with engine.begin() as s:
+        ids = [await enqueue(s, "pay", payload, max_retries=0) for payload in bad]
+        good = await enqueue(s, "pay", {"amount": "9.99", "n": 2**63 - 1, "ratio": 10**300})
+    report = await drain(db_url, registry=registry)
+    assert report["failed"] == len(bad) and report["processed"] == 1
+    assert ran == [(Decimal("9.99"), 2**63 - 1, 1e300)]  # only the good job ran
+    errors = dict(await conn.fetch("SELECT id, error_message FROM jobs WHERE id = ANY($1)", ids))
+    for job_id, payload in zip(ids, bad, strict=True):
+        [name] = payload
+        assert errors[job_id].startswith(f"TypeError: pay(): {name}: expected "), errors[job_id]
+    assert "got int of about 301 digits" in errors[ids[-2]]  # 1e300, as jsonb gives it back
+    assert await conn.fetchval("SELECT status FROM jobs WHERE id = $1", good) == "completed"
+
+
 async def test_per_call_options_and_enqueue_many(
     engine: AsyncEngine, conn: asyncpg.Connection
 ) -> None:

@@ -27,6 +27,9 @@ from jobqueue import HandlerRegistry, Snooze, enqueue, enqueue_many
 from jobqueue.control import cancel
 from jobqueue.testing import drain, wait_for
 
+#: A value a failing statement is given (never in its job's span).
+CARD = "4929730155660412"
+
 
 def _set_provider(provider: Any) -> None:
     """OpenTelemetry sets its global provider once per process; its own tests
@@ -154,6 +157,41 @@ async def test_outcomes_show_as_statuses_and_events(
     cancelled = one(spans, "process other")
     assert cancelled.status.status_code is StatusCode.ERROR
     assert events(cancelled)[-2:] == ["jobqueue.cancelled", "jobqueue.failed"]
+
+
+@pytest.mark.parametrize("form", ["async", "sync"])
+async def test_a_failed_span_keeps_the_error_not_the_statements_values(
+    engine: AsyncEngine, db_url: str, conn: asyncpg.Connection, spans: InMemorySpanExporter,
+    form: str
+) -> None:
+    """The exception event and the status say what the job's error says:
+    the class, SQLSTATE and message, not the values the statement was given
+    (`redact.py`)."""
+    await conn.execute("CREATE TABLE cards (card text PRIMARY KEY)")
+    await conn.execute("INSERT INTO cards VALUES ($1)", CARD)
+    insert = text("INSERT INTO cards (card) VALUES (:card)")
+    registry = HandlerRegistry()
+
+    @registry.register("store_async")
+    async def store_async(session: Any, payload: dict[str, Any]) -> None:
+        await session.execute(insert, {"card": CARD})
+
+    @registry.register("store_sync")
+    def store_sync(session: Any, payload: dict[str, Any]) -> None:
+        session.execute(insert, {"card": CARD})
+
+    async with engine.begin() as s:
+        await enqueue(s, f"store_{form}", max_retries=0)
+    await drain(db_url, registry=registry)
+    run = one(spans, "process default")
+    [exception] = [event for event in run.events if event.name == "exception"]
+    assert exception.attributes["exception.type"] == "sqlalchemy.exc.IntegrityError"
+    assert "Traceback" in exception.attributes["exception.stacktrace"]
+    shown = [str(run.status.description), str(exception.attributes["exception.message"]),
+             str(exception.attributes["exception.stacktrace"])]
+    for said in shown:
+        assert 'violates unique constraint "cards_pkey" (SQLSTATE 23505)' in said
+        assert CARD not in said
 
 
 async def test_enqueue_many_is_one_producer_span_and_a_sync_handler_is_traced_too(

@@ -95,3 +95,49 @@ def test_an_annotation_nothing_could_rebuild_is_refused_saying_what_would_do() -
         converter(list[Money], where="amount")
     with pytest.raises(TypeError, match=r"keys are strings"):
         converter(dict[int, str])
+
+
+#: What Decimal() reads and a typed Decimal refuses: not finite, past what
+#: PostgreSQL's numeric holds, or not the digits str(Decimal) writes.
+REFUSED_DECIMALS = ["Infinity", "-Infinity", "NaN", "sNaN", "1e999999999", "0E+999999999",
+                    "1e131072", "1e-16384", " 12 ", "12\n", "1_000", "١٢"]
+
+
+@pytest.mark.parametrize("text", REFUSED_DECIMALS, ids=range(len(REFUSED_DECIMALS)))
+def test_a_decimal_is_finite_within_numeric_and_plain_digits(text: str) -> None:
+    with pytest.raises(TypeError, match=r"^expected a (finite )?Decimal"):
+        converter(Decimal).decode(text)
+    with pytest.raises(TypeError):  # nor in a list, a union or a dataclass field
+        converter(list[Decimal | None]).decode([text])
+
+
+def test_the_decimals_at_the_bounds_and_in_every_plain_form_are_read() -> None:
+    made = converter(Decimal)
+    for text in ["1e131071", "1e-16383", "+12", "-0", ".5", "5.", "1E+3", "9.99"]:
+        assert made.decode(text) == Decimal(text)
+    for value in [Decimal("Infinity"), Decimal("sNaN"), Decimal("1e999999999"), 10**131072]:
+        with pytest.raises(TypeError, match=r"^expected a (finite )?Decimal"):
+            made.encode(value)  # what the decoder refuses, the encoder does not write
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 10**300, 10**5000],
+                         ids=["2**63", "-2**63-1", "10**300", "10**5000"])
+def test_an_int_is_a_bigint(value: int) -> None:
+    """jsonb keeps a number exactly: `{"n": 1e300}` comes back as a 301-digit int."""
+    for step in ("encode", "decode"):
+        with pytest.raises(TypeError, match=r"from -2\*\*63 to 2\*\*63-1 \(a bigint\)"):
+            getattr(converter(int), step)(value)
+    bounds = [2**63 - 1, -(2**63)]
+    assert [converter(int).decode(n) for n in bounds] == bounds
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+def test_an_int_no_float_can_hold_is_a_type_error(digits: int) -> None:
+    value = 10 ** (digits - 1)
+    for annotation in (float, float | str, float | None):
+        for step in ("encode", "decode"):
+            with pytest.raises(TypeError, match=r"got int of about [0-9,]+ digits$"):
+                getattr(converter(annotation), step)(value)
+    assert converter(float).decode(10**300) == 1e300  # jsonb's form of the float 1e300
+    with pytest.raises(TypeError, match="expected a finite float"):
+        converter(float).encode(float("nan"))

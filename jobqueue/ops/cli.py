@@ -31,6 +31,7 @@ from jobqueue.eventloop import LOOPS, loop_factory
 from jobqueue.ops.logs import FORMATS, configure_logging, printable_values
 from jobqueue.ops.reads import READ_TIMEOUT
 from jobqueue.ops.token import TOKEN_ENV
+from jobqueue.redact import cleaner
 from jobqueue.worker import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
@@ -131,6 +132,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What `enqueue` says of a payload nested deeper than Python's JSON reader
+#: or writer follows: about 1,000 levels, their recursion limit, less the
+#: stack below them (so the encoding inside the database call may be the one
+#: that gives up).
+NESTED_TOO_DEEPLY = "--payload is nested too deeply"
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from jobqueue.enqueue import (
         Enqueued,
@@ -149,6 +157,11 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as e:
         raise CliError(f"--payload is not valid JSON: {e}") from None
+    except RecursionError:
+        raise CliError(NESTED_TOO_DEEPLY) from None
+    except ValueError:  # the one other: an int longer than Python reads
+        raise CliError(f"--payload holds a number of more than {sys.get_int_max_str_digits():,} "
+                       "digits, the most Python reads: send it as a string") from None
     run_at = None
     if args.run_at is not None:
         try:
@@ -166,6 +179,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         check_timeout(args.timeout, "--timeout")
     except ValueError as e:
         raise CliError(str(e)) from None
+    except RecursionError:  # parsed, but one level too deep to encode again
+        raise CliError(NESTED_TOO_DEEPLY) from None
 
     url = use_database()
 
@@ -180,7 +195,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         finally:
             await engine.dispose()
 
-    job = asyncio.run(go())
+    try:
+        job = asyncio.run(go())
+    except RecursionError:  # encoded again deeper in the stack: its transaction rolled back
+        raise CliError(NESTED_TOO_DEEPLY) from None
     print(job.id)
     if not job.created:  # the id is still what a script wants; a person is told why
         print(f"jobqueue: unique key {args.unique_key!r} is held by unfinished job {job.id}; "
@@ -787,10 +805,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(exc: BaseException) -> str:
+    """The error's first line, without the values a database error quotes."""
+    clean = cleaner(exc)
     if isinstance(exc, DBAPIError) and exc.orig is not None:
         exc = exc.orig
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text
+    text = clean(str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -55,6 +55,7 @@ from sqlalchemy.util import await_only
 
 from jobqueue import codec
 from jobqueue.enqueue import check_nul
+from jobqueue.redact import cleaner, error_line
 from jobqueue.schema.models import ERROR_MESSAGE_MAX_LENGTH, TIMEOUT_MAX, TRACEBACK_MAX_LENGTH
 from jobqueue.schema.queries import queries
 from jobqueue.worker.guard import refusal
@@ -119,16 +120,17 @@ def current_job() -> ClaimedJob:
 
 
 def error_text(exc: BaseException) -> str:
-    """The error as text PostgreSQL can store (no NUL, no lone surrogate)."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return _storable(text)[:ERROR_MESSAGE_MAX_LENGTH]
+    """The error as text PostgreSQL can store (no NUL, no lone surrogate),
+    without the values its database errors quote (`redact.py`)."""
+    return _storable(error_line(exc))[:ERROR_MESSAGE_MAX_LENGTH]
 
 
 def traceback_text(exc: BaseException) -> str:
-    """The error's traceback as Python prints it (its causes included), as
-    text PostgreSQL can store, at most TRACEBACK_MAX_LENGTH characters: a
-    longer one loses its beginning, the outermost frames, and says so."""
-    text = _storable("".join(traceback.format_exception(exc)))
+    """The error's traceback as Python prints it (its causes included),
+    without the values its database errors quote (`redact.py`), as text
+    PostgreSQL can store, at most TRACEBACK_MAX_LENGTH characters: a longer
+    one loses its beginning, the outermost frames, and says so."""
+    text = _storable(cleaner(exc)("".join(traceback.format_exception(exc))))
     if len(text) <= TRACEBACK_MAX_LENGTH:
         return text
     marker = "[… the traceback's beginning is cut]\n"
@@ -222,11 +224,13 @@ def lane_engine(url: str, lanes: int, application_name: str) -> AsyncEngine:
     """The engine a worker's lanes draw their connections from: one per lane,
     in autocommit mode, because lanes run their own transactions on the
     driver (`lane.py`) and SQLAlchemy must send no BEGIN or COMMIT of its own
-    on them; with the hooks above. (`create_async_engine` is looked up when
-    called: `db.create_engine` says why.)"""
+    on them; with the hooks above. Its errors and its log never show a
+    statement's values (`hide_parameters`, `redact.py` says why).
+    (`create_async_engine` is looked up when called: `db.create_engine`
+    says why.)"""
     engine = sqlalchemy.ext.asyncio.create_async_engine(
         url, pool_size=lanes, max_overflow=0, pool_pre_ping=False,
-        isolation_level="AUTOCOMMIT",
+        isolation_level="AUTOCOMMIT", hide_parameters=True,
         connect_args={"server_settings": {"application_name": application_name}})
     sync = engine.sync_engine
     event.listen(sync, "before_cursor_execute", _before_statement)

@@ -121,11 +121,14 @@ def thread_engine(url: str, threads: int, application_name: str) -> Engine:
     statement (`_before_statement`). A handler that never touches the
     database (an HTTP call, an S3 upload) costs one round trip to record:
     `complete` alone, which commits as it runs; a handler that writes pays
-    BEGIN and COMMIT around its statements and the `complete` after them."""
+    BEGIN and COMMIT around its statements and the `complete` after them.
+    Its errors and its log never show a statement's values (`hide_parameters`,
+    `redact.py` says why)."""
     # looked up when called, as `db.create_engine` says why
     engine = sqlalchemy.create_engine(db.sync_url(url), pool_size=threads, max_overflow=0,
-                           pool_pre_ping=False, isolation_level="AUTOCOMMIT",
-                           connect_args={"application_name": application_name})
+                                      pool_pre_ping=False, isolation_level="AUTOCOMMIT",
+                                      hide_parameters=True,
+                                      connect_args={"application_name": application_name})
     event.listen(engine, "before_cursor_execute", _before_statement)
     event.listen(engine, "after_cursor_execute", _after_statement)
     event.listen(engine, "rollback", _rolled_back)
