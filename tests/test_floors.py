@@ -25,7 +25,8 @@ from jobqueue.schema.queries import queries
 from jobqueue.testing import drain, wait_for
 from jobqueue.worker import book
 from jobqueue.worker.completer import tid_array
-from jobqueue.worker.floors import DUE_PREFIX, Floors, _from_epoch
+from jobqueue.worker.floors import DUE_PREFIX, Floors, Place, _from_epoch
+from jobqueue.worker.handler import ClaimedJob
 from tests.test_worker import running
 
 #: Long enough for a loaded machine, far below the look from the front
@@ -400,6 +401,30 @@ def test_the_type_waiting_longest_leads_within_a_priority_and_floors_stay_apart(
     assert {t: f for t, p, f in zip(low["arm_types"], low["priorities"], low["floors"],
                                     strict=True) if p == 0} == {
         "a": t0 + dt.timedelta(seconds=1), "b": t0 + dt.timedelta(seconds=1)}
+
+
+def test_an_arm_that_took_nothing_is_read_from_its_floor_but_ordered_as_one_without() -> None:
+    """Issue 49: the floor an empty arm says goes into the next claim (else
+    the arm reads its range from the front), yet it tells nothing of a job
+    waiting there, so within a priority it comes after the types the lane
+    took from, as a type with no floor did."""
+    floors = Floors(["a", "b"])
+    t0 = dt.datetime(2026, 12, 6, tzinfo=dt.UTC)
+    floors.learn("q", 0)
+    floors.arms(0, "q", ["b", "a"])
+    taken = ClaimedJob(uuid.uuid4(), "a", "{}", 0, 0, None, 0, 0, t0 + dt.timedelta(seconds=20),
+                       None, None)
+    floors.advance(0, "q", [taken, Place("b", 0, t0 + dt.timedelta(seconds=10), None)])
+    arms = floors.arms(0, "q", ["b", "a"])
+    assert list(zip(arms.arm_types, arms.floors, strict=True)) == [
+        ("a", t0 + dt.timedelta(seconds=20)), ("b", t0 + dt.timedelta(seconds=10))]
+    # An empty claim later says where both start; "a" stays a type it took from.
+    floors.advance(0, "q", [Place("a", 0, t0 + dt.timedelta(seconds=30), None),
+                            Place("b", 0, t0 + dt.timedelta(seconds=30), None)])
+    assert floors.arms(0, "q", ["b", "a"]).arm_types == ["a", "b"]
+    # Once "b" gives a job, its floor orders it like any other.
+    floors.advance(0, "q", [taken._replace(job_type="b", floor=t0 + dt.timedelta(seconds=25))])
+    assert floors.arms(0, "q", ["a", "b"]).arm_types == ["b", "a"]
 
 
 async def test_a_claim_reads_none_of_the_jobs_of_types_it_cannot_run(

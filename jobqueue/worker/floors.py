@@ -137,6 +137,11 @@ class Floors:
         self.job_types = list(job_types)
         #: Lane number -> key -> floor. No entry: from the start.
         self._lanes: dict[int, dict[Key, Floor]] = {}
+        #: Lane number -> the keys where the lane has taken no job in this
+        #: life, only read (their floors come from arms that took nothing,
+        #: `Place`): `arms` orders them as places without a floor, by where
+        #: the last look found a job, after those it took from.
+        self._empty: dict[int, set[Key]] = {}
         #: Lane number -> the types it claims (its latest `arms`).
         self._serves: dict[int, list[str]] = {}
         #: Key -> the first waiting job the last look found there.
@@ -164,12 +169,18 @@ class Floors:
         `advance`."""
         self._serves[lane] = job_types
         own = self._lanes.get(lane, {})
+        empty = self._empty.get(lane, set())
         self._heard[lane] = {}
         arms = Arms([], [], [], [])
+
+        def waited(place: tuple[Key, Floor | None]) -> Floor:
+            key, floor = place
+            return (floor if floor is not None and key not in empty
+                    else self._heads.get(key, _UNKNOWN))
+
         for p in sorted(self.groups.get(queue, ()), reverse=True):
             places = [((queue, t, p), own.get((queue, t, p))) for t in job_types]
-            for key, floor in sorted(places,
-                                     key=lambda k: k[1] or self._heads.get(k[0], _UNKNOWN)):
+            for key, floor in sorted(places, key=waited):
                 arms.arm_types.append(key[1])
                 arms.priorities.append(p)
                 arms.floors.append(floor and floor[0])
@@ -183,13 +194,19 @@ class Floors:
         announcement came while the claim ran (its job committed after the
         claim's snapshot was taken)."""
         own = self._lanes.setdefault(lane, {})
+        empty = self._empty.setdefault(lane, set())
         heard = self._heard.pop(lane, {})
         for row in rows:
             if row.floor is None:
                 continue
+            key = (queue, row.job_type, row.priority)
+            if not isinstance(row, Place):
+                empty.discard(key)
+            elif key not in own:
+                empty.add(key)
             floor = (row.floor, row.floor_id or NIL)
             low = heard.get((queue, row.priority))
-            own[(queue, row.job_type, row.priority)] = floor if low is None else min(floor, low)
+            own[key] = floor if low is None else min(floor, low)
 
     def lower(self, queue: str, priority: int, at: dt.datetime, job_id: uuid.UUID = NIL,
               lane: int | None = None, job_type: str | None = None) -> None:
