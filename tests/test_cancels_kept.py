@@ -24,6 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobqueue import control, db, enqueue, enqueue_many
 from jobqueue.testing import WorkerProcess, wait_for
+from jobqueue.worker.cancels import Released
+from jobqueue.worker.handler import ClaimedJob
+from jobqueue.worker.outcome import Outcomes, overturn
 
 TIMEOUT = 60
 HANDLERS = "tests.cancel_handlers"
@@ -334,3 +337,49 @@ async def test_a_cancel_that_commits_after_the_worker_let_the_job_go(
     await worker.stop()
     await _assert_cancelled(conn, target, attempts=1)
     assert await _events(conn, target) == ["started"]
+
+
+def _job(n: int, retry_count: int = 0) -> ClaimedJob:
+    return ClaimedJob(uuid.UUID(int=n), "step", "{}", retry_count, 3, None, 0, 0, None, None,
+                      None)
+
+
+def test_a_cancel_overturns_every_outcome_that_would_not_end_the_job_but_a_failure() -> None:
+    """`outcome.overturn`, alone: a success, a failure to be retried, a
+    snooze and a job not started become failed for good, `cancelled` (the
+    retried failure's traceback kept); a failure for good stands, and so
+    does what nobody cancelled."""
+    jobs = [_job(n) for n in range(7)]
+    out = Outcomes()
+    out.success(jobs[0].id, '"r"', 0.1)
+    out.failure(jobs[1].id, "E: retried", True, 1.0, "trace 1")
+    out.failure(jobs[2].id, "E: for good", False, 0.0, "trace 2")
+    out.snooze(jobs[3].id, 5.0)
+    out.not_started = [jobs[4].id, jobs[5].id]
+    out.success(jobs[6].id, None, 0.2)
+    changed = overturn(jobs, out, {j.id for j in jobs[:6]}, worker_id=1)
+    assert changed == {jobs[n].id for n in (0, 1, 3, 4, 5)}
+    assert out.done_ids == [jobs[6].id] and out.results == [None]
+    assert out.snoozed_ids == [] and out.not_started == [] and out.waiting_again() == []
+    failed = dict(zip(out.failed_ids, zip(out.errors, out.retry, out.traces, strict=True),
+                      strict=True))
+    assert failed == {jobs[2].id: ("E: for good", False, "trace 2"),
+                      jobs[0].id: ("cancelled", False, None),
+                      jobs[1].id: ("cancelled", False, "trace 1"),
+                      jobs[3].id: ("cancelled", False, None),
+                      jobs[4].id: ("cancelled", False, None),
+                      jobs[5].id: ("cancelled", False, None)}
+    assert overturn(jobs, out, {j.id for j in jobs[:6]}, worker_id=1) == set()  # decided
+
+
+def test_released_jobs_are_remembered_for_a_while_and_taken_once() -> None:
+    released = Released(linger=60)
+    first, second = uuid.UUID(int=1), uuid.UUID(int=2)
+    released.add([first, second])
+    assert released.take(first) and not released.take(first)  # once
+    released.discard([second])
+    assert not released.take(second) and len(released) == 0
+    gone = Released(linger=0)  # forgotten at once
+    gone.add([first])
+    gone.add([second])  # the first pruned as more come
+    assert len(gone) == 1 and not gone.take(second)
