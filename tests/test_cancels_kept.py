@@ -286,9 +286,11 @@ async def test_a_retry_being_recorded_when_the_cancel_comes(
 
 
 async def _worker_waits_for_a_lock(conn: asyncpg.Connection) -> bool:
+    """A worker's statement that updates jobs (its outcome) waits for a lock."""
     return await conn.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name LIKE 'jobqueue worker%' AND wait_event_type = 'Lock'") > 0
+        "AND application_name LIKE 'jobqueue worker%' AND wait_event_type = 'Lock' "
+        "AND query LIKE 'UPDATE jobs AS j%'") > 0
 
 
 @pytest.mark.parametrize("job_type", ["step", "sync_step"], ids=["async", "sync"])
