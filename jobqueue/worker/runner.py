@@ -526,7 +526,13 @@ class JobRunner:
             return
         self.released.discard(ids)  # its own notification comes back: not again
         async with self.monitor_lock:
-            assert self._monitor is not None
+            if self._monitor is None:  # this life is over: its next one heard nothing
+                logger.warning("the cancels of %d job(s) let go were not sent again: the "
+                               "worker is starting over", len(ids),
+                               extra={"event": "cancel_not_passed_on",
+                                      "worker_id": self.worker_id,
+                                      "job_ids": [str(i) for i in ids]})
+                return
             for job_id in ids:
                 await queries["cancel"].fetch(self._monitor, id=job_id,
                                               error_message=CANCELLED)
