@@ -287,10 +287,14 @@ async def cancel(session: Executor, job_id: uuid.UUID | str,
     at once, error_message `cancelled` (`cancelled: <reason>`), without an
     attempt in its history. A job a worker has is asked to stop: a NOTIFY
     `cancel:<id>` to the workers when the transaction commits; the worker
-    records `cancelled` (the reason does not travel with it). That is a
-    request, not a guarantee: the job may finish first, and a worker that is
-    not listening at that moment (restarting, reconnecting) never hears it.
-    Never waits for a worker's lock.
+    records `cancelled` (the reason does not travel with it) and none of
+    the handler's writes commit, wherever the job is in the worker
+    (`worker/cancels.py`: not started yet, running, done in a batch that
+    has not committed, to be retried, or let go still waiting). Not a
+    guarantee: a job whose batch was already recording its outcome has
+    finished first, and a worker that is not listening at that moment
+    (restarting, reconnecting) never hears it. Commit soon: the request
+    leaves only then. Never waits for a worker's lock.
 
     LookupError: no such job. JobFinished: it had already finished.
     """

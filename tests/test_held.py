@@ -140,3 +140,18 @@ async def test_the_api_the_dashboard_and_metrics_show_a_held_job_running(
     assert re.search(rf'jobqueue_jobs\{{[^}}]*status="processing"[^}}]*\}} {len(running)}\.0',
                      metrics), metrics
     assert not re.search(r'jobqueue_jobs\{[^}]*status="pending"[^}]*\} [1-9]', metrics)
+
+
+async def test_a_refused_retry_names_a_held_job_running_as_the_api_shows_it(
+    engine: AsyncEngine, conn: asyncpg.Connection, gate: Gate, runner: JobRunner,
+    client: httpx.AsyncClient
+) -> None:
+    """Issue 49, item 5: the 409 said the job `is pending` (the table's
+    word) while `GET /jobs/{id}` showed it processing."""
+    held = await hold_one(engine, conn, gate)
+    shown = (await client.get(f"/jobs/{held}")).json()["status"]
+    refused = await client.post(f"/jobs/{held}/retry")
+    assert shown == "processing"
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["detail"] == (f"job {held} is processing; "
+                                        "only failed jobs can be retried")

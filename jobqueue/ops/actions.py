@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from jobqueue import control
 from jobqueue.enqueue import check_queue
-from jobqueue.ops import routing
+from jobqueue.ops import held, routing
 from jobqueue.schema.queries import queries
 
 __all__ = ["UNIQUE_KEY_INDEX", "Conflict", "NotFound", "cancel", "change_queue", "retry"]
@@ -89,8 +89,9 @@ async def change_queue(conn: Executor, name: str,
 
 
 async def _refuse(conn: Executor, job_id: uuid.UUID, rule: str) -> None:
-    """Raise why a conditional update found nothing: NotFound, or Conflict with the status."""
-    status = (await conn.execute(queries["job_status"].text, {"id": job_id})).scalar()
+    """Raise why a conditional update found nothing: NotFound, or Conflict
+    with the status the API shows (a job a quick batch holds is running)."""
+    status = await held.status_of(conn, job_id)
     if status is None:
         raise NotFound(f"no job {job_id}")
     raise Conflict(f"job {job_id} is {status}; {rule}")

@@ -216,7 +216,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     it had finished, or finished first; 4: its worker was asked and it is
     still going after --wait seconds; 1: an error (no such job, bad input)."""
     from jobqueue import control
-    from jobqueue.schema.queries import queries
+    from jobqueue.ops import held
 
     try:
         reason = control.check_reason(args.reason)
@@ -247,8 +247,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                         return 0, f"job {job_id} cancelled: the worker running it stopped it"
                     return CANCEL_FINISHED, f"job {job_id} finished first: {job.status}"
             async with engine.connect() as conn:
-                status = (await conn.execute(queries["job_status"].text,
-                                             {"id": job_id})).scalar()
+                status = await held.status_of(conn, job_id)
             return CANCEL_RUNNING, (f"job {job_id} still running after {args.wait:g} s "
                                     f"(it is {status}): the worker running it was asked to "
                                     "stop it")

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from jobqueue.schema.queries import queries
 
-__all__ = ["RUNNING", "WAITING", "Held", "merged", "read"]
+__all__ = ["RUNNING", "WAITING", "Held", "merged", "read", "status_of"]
 
 Conn: TypeAlias = asyncpg.Connection | AsyncConnection | AsyncSession
 
@@ -79,6 +79,16 @@ async def read(conn: Conn, ids: Sequence[uuid.UUID] | None = None) -> Held:
     """Every job live quick batches hold, or those of `ids`."""
     rows = await queries["held"].rows(conn, ids=None if ids is None else list(ids))
     return Held({r["id"]: r for r in rows})
+
+
+async def status_of(conn: Conn, job_id: uuid.UUID) -> str | None:
+    """A job's status as the surfaces show it (`processing` while a quick
+    batch holds it), for the sentences that name it: a refused retry, a
+    cancel still waiting for its worker. None: no such job."""
+    found = await queries["job_status"].rows(conn, id=job_id)
+    if not found:
+        return None
+    return str((await read(conn, [job_id])).shown({"id": job_id, **found[0]})["status"])
 
 
 def merged(rows: list[dict[str, Any]], extra: list[dict[str, Any]], *, key: str,

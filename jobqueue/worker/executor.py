@@ -37,7 +37,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from jobqueue import tracing
 from jobqueue.errors import is_connection_error, one_line
 from jobqueue.registry import JobHandler
-from jobqueue.schema.locks import CANCELLED
 from jobqueue.schema.queries import queries
 from jobqueue.worker.batch import LANE_KINDS, BatchKind, Deferred, Started, rollback
 from jobqueue.worker.completer import LostOwnership, record
@@ -59,15 +58,24 @@ from jobqueue.worker.life import Life
 from jobqueue.worker.outcome import (
     Decided,
     Outcomes,
+    cancelled,
     failed_at_commit,
     failure,
     log_completed,
     note,
     outcome_of,
+    overturn,
     timeout_of,
 )
 from jobqueue.worker.pacing import Pacing, Plan
-from jobqueue.worker.recovery import Attempt, Rerun, after_error, after_rerun, decided_of
+from jobqueue.worker.recovery import (
+    Attempt,
+    Rerun,
+    after_cancel,
+    after_error,
+    after_rerun,
+    decided_of,
+)
 
 logger = logging.getLogger("jobqueue.worker")
 
@@ -119,6 +127,9 @@ class AsyncExecutor:
         """Stop the handler of `job_id` if it is the one running (`interrupt.py`)."""
         return self.stopper is not None and self.stopper.stop(job_id, reason)
 
+    def cancelled(self) -> set[uuid.UUID]:
+        return set()  # its jobs are the lane's batch, whose cancels the lane keeps
+
     def ready(self) -> bool:
         return True  # one batch at a time, on the lane's own task
 
@@ -139,15 +150,19 @@ class AsyncExecutor:
         """Run a batch: its first attempt in the transaction it started with,
         then, if that rolled back, the attempts `recovery.py` gives, each in a
         new transaction (`batch.again`), until none is left. `cancels`: the
-        jobs cancelled while they wait in the batch (the lane adds to it)."""
+        jobs of the batch cancelled since it began (the lane adds to it)."""
         attempts = [Attempt(started.jobs)]
         held: Started | None = started
         while attempts:
             attempt = attempts.pop(0)
             if held is None:
                 held = await batch.again(self.raw, attempt.jobs)
+                retaken = set() if held is None else {job.id for job in held.jobs}
+                if len(retaken) < len(attempt.jobs):  # taken jobs another worker took meanwhile
+                    await self._let_go([j.id for j in attempt.jobs if j.id not in retaken],
+                                       cancels)
                 if held is None:
-                    continue  # taken jobs another worker took meanwhile
+                    continue
             attempts[:0] = await self._attempt(held, batch, attempt, queue, cancels)
             held = None
 
@@ -158,9 +173,16 @@ class AsyncExecutor:
         committed, or when its jobs went back to the queue). A quick batch's
         jobs that it did not record (it rolled back, or stopped early) wait
         again where they were, behind this lane's floor, which goes back to
-        them."""
+        them.
+
+        Cancels heard while the batch ran apply to the outcomes decided
+        before them, up to their record (`outcome.overturn`); a job they
+        find done after writing takes the batch back (`after_cancel`). The
+        jobs the batch leaves waiting are let go (`_let_go`): a cancel heard
+        after that point is sent again (`cancels.py`)."""
         life, tx, jobs = self.life, held.tx, held.jobs
         left: list[uuid.UUID] | None = None  # committed unrecorded (None: rolled back)
+        touched: set[uuid.UUID] = set()
         try:
             if held.xid is not None:
                 await life.record_batch(self.number, held.xid, [job.id for job in jobs])
@@ -169,8 +191,14 @@ class AsyncExecutor:
                                        self.worker_id)
             else:
                 out = Outcomes()
-                await self._run_jobs(jobs, batch, attempt, out, cancels,
-                                     begun=not isinstance(tx, Deferred))
+                touched = await self._run_jobs(jobs, batch, attempt, out, cancels,
+                                               begun=not isinstance(tx, Deferred))
+            if cancels and (wrote := self._cancelled_after_writing(jobs, out, cancels,
+                                                                    touched)):
+                await rollback(tx)
+                again, rerun = after_cancel(attempt, out, touched, wrote, self.worker_id)
+                life.stats.rerun += rerun
+                return again
             latencies = await record(self.raw, self.worker_id, out, batch, jobs)
             await tx.commit()
             left = out.not_started
@@ -185,7 +213,7 @@ class AsyncExecutor:
             logger.warning("batch of %d rolled back: another worker took some of its jobs",
                            len(jobs), extra={"event": "batch_lost", "jobs": len(jobs),
                                              "worker_id": self.worker_id})
-            await self._hand_back(batch, jobs)
+            await self._hand_back(batch, jobs, cancels)
             return []
         except Exception as exc:
             await rollback(tx)
@@ -198,7 +226,7 @@ class AsyncExecutor:
                          extra={"event": "batch_connection_lost", "lane": self.number,
                                 "jobs": len(jobs), "worker_id": self.worker_id,
                                 "error": one_line(exc)})
-            await self._hand_back(batch, jobs)
+            await self._hand_back(batch, jobs, cancels)
             raise
         except BaseException:
             await rollback(tx)
@@ -210,20 +238,46 @@ class AsyncExecutor:
                     job for job in jobs if unrecorded is None or job.id in unrecorded])
         life.stats.count_batch(out, latencies)
         log_completed(jobs, out, self.worker_id)  # committed: now they are done
+        if out.failed_ids or out.snoozed_ids or out.not_started:
+            await self._let_go(out.waiting_again(), cancels)
         return []
 
-    async def _hand_back(self, batch: BatchKind, jobs: list[ClaimedJob]) -> None:
+    def _cancelled_after_writing(self, jobs: list[ClaimedJob], out: Outcomes,
+                                 cancels: set[uuid.UUID], touched: set[uuid.UUID]
+                                 ) -> set[uuid.UUID]:
+        """Apply the cancels heard while the batch ran (`outcome.overturn`);
+        the jobs among them whose handlers had succeeded after writing: only
+        the batch's rollback takes those writes away."""
+        wrote = touched.intersection(out.done_ids)
+        return overturn(jobs, out, cancels, self.worker_id) & wrote
+
+    async def _let_go(self, ids: list[uuid.UUID], cancels: set[uuid.UUID]) -> None:
+        """Jobs the lane lets go still waiting: the cancels it heard for them
+        are sent again (`Life.pass_on`), and the others are remembered a
+        while, for a cancel still on its way (`cancels.Released`)."""
+        heard = [job_id for job_id in ids if job_id in cancels] if cancels else []
+        self.life.released.add([job_id for job_id in ids if job_id not in cancels]
+                               if heard else ids)
+        if heard:
+            await self.life.pass_on(heard)
+
+    async def _hand_back(self, batch: BatchKind, jobs: list[ClaimedJob],
+                         cancels: set[uuid.UUID]) -> None:
         """The batch rolled back and will not run again here: its jobs go back
-        to the queue as `batch`'s rule says."""
-        ids = batch.to_hand_back([job.id for job in jobs])
-        if ids:
-            await self.life.hand_back(ids)
+        to the queue as `batch`'s rule says, and the cancels it heard with them."""
+        ids = [job.id for job in jobs]
+        back = batch.to_hand_back(ids)
+        if back:
+            await self.life.hand_back(back)
+        await self._let_go(ids, cancels)
 
     async def _run_jobs(self, jobs: list[ClaimedJob], batch: BatchKind, attempt: Attempt,
-                        out: Outcomes, cancels: set[uuid.UUID], begun: bool = True) -> None:
+                        out: Outcomes, cancels: set[uuid.UUID], begun: bool = True
+                        ) -> set[uuid.UUID]:
         """The batch's handlers, one after another, until done or full
         (`Pacing.full`); the `decided` jobs' outcomes first, without running
-        them. Not `begun`: the first handler statement begins the transaction."""
+        them. Not `begun`: the first handler statement begins the
+        transaction. The jobs whose handlers touched the database."""
         config, pacing, worker_id = self.config, self.pacing, self.worker_id
         always = attempt.isolated or config.savepoints == "always"
         decided, isolated_types = attempt.decided, self.life.isolated_types
@@ -243,8 +297,7 @@ class AsyncExecutor:
                 out.not_started = [job.id for job in todo[n:]]
                 break
             if cancels and job.id in cancels:  # cancelled while it waited in the batch
-                note(job, failure(job, CANCELLED, config.retry_policy, final=True), out,
-                     worker_id)
+                note(job, cancelled(), out, worker_id)
                 continue
             opened = state.savepoints
             try:
@@ -260,6 +313,7 @@ class AsyncExecutor:
             ran += 1
         if ran:
             pacing.ran(time.perf_counter() - started, ran, state.savepoints)
+        return touched_ids
 
     async def _traces(self, jobs: list[ClaimedJob]) -> tracing.Traces:
         """Where the jobs' traces come from (`tracing.py`), read for tracing

@@ -67,6 +67,9 @@ class Executor(Protocol):
     def interrupt(self, job_id: uuid.UUID, reason: str) -> bool:
         """Stop `job_id` if it is running here (True)."""
 
+    def cancelled(self) -> set[uuid.UUID]:
+        """The jobs running here, past the lane's batch, that were cancelled."""
+
     async def settle_one(self) -> bool:
         """A burst run found nothing due: wait for a running job that may
         yet be retried at once (False: none runs beside the lane)."""
@@ -137,16 +140,23 @@ class Lane:
         return self.life.stop.is_set()
 
     def interrupt(self, job_id: uuid.UUID, reason: str) -> bool:
-        """Stop job `job_id` if this lane holds it (True): its handler, if it
-        is running, or the job before it starts."""
-        if self.executor.interrupt(job_id, reason):
-            return True
+        """Cancel job `job_id` if this lane holds it (True): its handler is
+        stopped if it is running, and the batch keeps the cancel whatever
+        becomes of the job (`executor.py`: not started, done, to be retried)."""
+        stopped = self.executor.interrupt(job_id, reason)
         if any(job.id == job_id for job in self.batch):
             self.cancels.add(job_id)
+            return True
+        if stopped:
             return True
         if self.claiming:
             self.heard.add(job_id)  # `_claim` looks at it when the claim is back
         return False
+
+    def cancels_held(self) -> set[uuid.UUID]:
+        """The jobs this lane holds that were cancelled (a worker abandoning
+        them sends the cancels again once it has handed them back)."""
+        return self.cancels | self.executor.cancelled()
 
     def cut(self) -> None:
         """Close the connection at once (abandoning: its transaction rolls

@@ -11,6 +11,7 @@ from typing import Any
 from jobqueue.registry import HandlerRegistry
 from jobqueue.worker.alone import AloneGate
 from jobqueue.worker.book import QueueBook
+from jobqueue.worker.cancels import Released
 from jobqueue.worker.doorbell import Doorbell
 from jobqueue.worker.floors import Floors
 from jobqueue.worker.stats import WorkerStats
@@ -35,6 +36,10 @@ class Life:
     abandon: asyncio.Event
     #: Return claimed jobs to the queue on the worker's monitor connection.
     hand_back: Callable[[list[uuid.UUID] | None], Awaitable[int]]
+    #: Send again the cancels of jobs let go still waiting (`JobRunner.pass_on`).
+    pass_on: Callable[[list[uuid.UUID]], Awaitable[None]]
+    #: The jobs let go still waiting lately, for a cancel on its way (`cancels.py`).
+    released: Released
     #: Cancel the statement a backend runs (by pid), from the monitor connection.
     cancel_statement: Callable[[int], Awaitable[Any]]
     #: Write down a quick batch before it runs: (lane, transaction id, job ids).

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from jobqueue.registry import HandlerRegistry
 from jobqueue.retry import RetryPolicy
@@ -72,6 +73,21 @@ class Outcomes:
         self.snoozed_ids.append(job_id)
         self.snoozes.append(seconds)
 
+    def waiting_again(self) -> list[uuid.UUID]:
+        """The jobs this batch leaves waiting: to be retried, snoozed, or not
+        started (handed back, or released at the commit)."""
+        return [*(job_id for job_id, retry in zip(self.failed_ids, self.retry, strict=True)
+                  if retry), *self.snoozed_ids, *self.not_started]
+
+    def take_out(self, ids: set[uuid.UUID]) -> None:
+        """Forget what was decided for `ids` (they are decided again)."""
+        self.done_ids, self.results, self.handler_times = _without(
+            ids, self.done_ids, self.results, self.handler_times)
+        self.failed_ids, self.errors, self.delays, self.retry, self.traces = _without(
+            ids, self.failed_ids, self.errors, self.delays, self.retry, self.traces)
+        self.snoozed_ids, self.snoozes = _without(ids, self.snoozed_ids, self.snoozes)
+        self.not_started = [job_id for job_id in self.not_started if job_id not in ids]
+
     def add(self, job_id: uuid.UUID, outcome: Decided) -> None:
         if outcome.kind == DONE:
             self.success(job_id, outcome.value, outcome.seconds or 0.0)
@@ -80,6 +96,40 @@ class Outcomes:
                          outcome.trace)
         else:
             self.snooze(job_id, outcome.delay)
+
+
+def _without(ids: set[uuid.UUID], keys: list[uuid.UUID], *columns: list[Any]
+             ) -> tuple[list[Any], ...]:
+    """`keys` and the columns that go with them, less the rows of `ids`."""
+    keep = [n for n, job_id in enumerate(keys) if job_id not in ids]
+    return tuple([column[n] for n in keep] for column in (keys, *columns))
+
+
+def cancelled(trace: str | None = None) -> Decided:
+    """A job cancelled: failed for good, error `cancelled`, whatever retries
+    it has left (`trace`: the traceback of the attempt it made, if it failed)."""
+    return Decided(FAILED, CANCELLED, None, False, 0.0, False, trace)
+
+
+def overturn(jobs: Iterable[ClaimedJob], out: Outcomes, cancels: set[uuid.UUID],
+             worker_id: int) -> set[uuid.UUID]:
+    """Apply the cancels heard while a batch ran to the outcomes it decided
+    before them, as long as nothing is recorded: a job that was to wait
+    again (its attempt failed and would be retried, it snoozed, the batch
+    did not start it) or that succeeded fails for good, `cancelled`, instead
+    (the caller takes a success's writes away). A failure for good stands:
+    the job has ended. The ids whose outcome changed."""
+    ids = cancels.intersection(out.done_ids)
+    ids.update(job_id for job_id in out.waiting_again() if job_id in cancels)
+    if not ids:
+        return ids
+    traces = {job_id: trace for job_id, trace in zip(out.failed_ids, out.traces, strict=True)
+              if job_id in ids}
+    out.take_out(ids)
+    for job in jobs:
+        if job.id in ids:
+            note(job, cancelled(traces.get(job.id)), out, worker_id)
+    return ids
 
 
 def timeout_of(job: ClaimedJob, registry: HandlerRegistry) -> float | None:

@@ -12,6 +12,11 @@ loops over them); an attempt that rolls back gives the attempts that follow:
   once; what they did outside the database happens twice). The culprit's
   type runs in savepoints in this worker from then on, so this happens once
   per type.
+- **a cancel** (`after_cancel`): jobs whose handlers had succeeded after
+  writing were cancelled before the batch committed (`outcome.overturn`):
+  their writes go only with the batch's, so it rolls back and runs again,
+  those jobs failed `cancelled` and every outcome nothing rolled back kept;
+  the other jobs that wrote run a second time, as in a rerun.
 - **a split** (`after_error`): the batch could not be recorded or committed
   (a deferred constraint a handler broke, say): its jobs run again one per
   transaction, so the culprit fails alone; a job that still cannot commit
@@ -19,8 +24,9 @@ loops over them); an attempt that rolls back gives the attempts that follow:
 
 A lost connection or ownership ends the batch instead (the lane hands its
 jobs back), so the attempts always come to an end: a rerun runs everything
-isolated (it cannot rerun again), a split runs single jobs, and a single
-job's failure is recorded without running anything.
+isolated (it cannot rerun again), a cancel's rerun decides at least one job
+more for good, a split runs single jobs, and a single job's failure is
+recorded without running anything.
 """
 
 from __future__ import annotations
@@ -67,11 +73,22 @@ class Rerun(Exception):
 
 def decided_of(out: Outcomes, touched_ids: set[uuid.UUID], rerun: Rerun
                ) -> tuple[dict[uuid.UUID, Decided], int]:
-    """What a rerun keeps of a batch's first run (`out`): every failure and
-    snooze (their writes are gone either way: they had none, or their
-    savepoints took them back) and the successes that never touched the
-    database; and the culprit's own outcome. Also how many successes wrote
-    and must run again."""
+    """What a rerun keeps of a batch's first run (`kept_of`), and the
+    culprit's own outcome; also how many jobs that ran must run again."""
+    kept, again = kept_of(out, touched_ids)
+    if rerun.outcome is not None:
+        kept[rerun.job.id] = rerun.outcome
+    else:
+        again += 1  # the culprit itself: it succeeded, but its rollback must be honoured
+    return kept, again
+
+
+def kept_of(out: Outcomes, touched_ids: set[uuid.UUID]
+            ) -> tuple[dict[uuid.UUID, Decided], int]:
+    """What a batch that rolls back keeps of what it decided (`out`): every
+    failure and snooze (their writes are gone either way: they had none, or
+    their savepoints took them back) and the successes that never touched
+    the database. Also how many successes wrote and must run again."""
     kept = {job_id: Decided(FAILED, error, None, retry, delay, True, trace)
             for job_id, error, retry, delay, trace in zip(
                 out.failed_ids, out.errors, out.retry, out.delays, out.traces, strict=True)}
@@ -84,10 +101,6 @@ def decided_of(out: Outcomes, touched_ids: set[uuid.UUID], rerun: Rerun
             again += 1
         else:
             kept[job_id] = Decided(DONE, result, seconds, False, 0.0, True)
-    if rerun.outcome is not None:
-        kept[rerun.job.id] = rerun.outcome
-    else:
-        again += 1  # the culprit itself: it succeeded, but its rollback must be honoured
     return kept, again
 
 
@@ -104,6 +117,23 @@ def after_rerun(jobs: list[ClaimedJob], rerun: Rerun, worker_id: int) -> list[At
                           "job_type": culprit.job_type, "jobs": len(jobs),
                           "rerun": rerun.again, "worker_id": worker_id})
     return [Attempt(jobs, isolated=True, decided=rerun.decided)]
+
+
+def after_cancel(attempt: Attempt, out: Outcomes, touched_ids: set[uuid.UUID],
+                 cancelled: set[uuid.UUID], worker_id: int) -> tuple[list[Attempt], int]:
+    """The batch again, keeping what it decided (`cancelled` now among its
+    failures), after jobs that had succeeded and written were cancelled
+    before it committed: only its rollback takes their writes away, and the
+    jobs that wrote beside them run again. Also how many run again."""
+    kept, again = kept_of(out, touched_ids)
+    logger.warning("job(s) %s cancelled after their handler returned, before their batch "
+                   "committed: the batch rolled back and runs again without them (%d job(s) "
+                   "that wrote run a second time, %d kept as they were)",
+                   ", ".join(sorted(map(str, cancelled))), again, len(kept),
+                   extra={"event": "batch_rerun", "job_ids": sorted(map(str, cancelled)),
+                          "cause": "cancel", "jobs": len(attempt.jobs), "rerun": again,
+                          "worker_id": worker_id})
+    return [Attempt(attempt.jobs, isolated=attempt.isolated, decided=kept)], again
 
 
 def after_error(attempt: Attempt, exc: Exception, worker_id: int) -> list[Attempt]:

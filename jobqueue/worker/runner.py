@@ -67,6 +67,7 @@ from jobqueue.schema.queries import queries
 from jobqueue.worker import upkeep
 from jobqueue.worker.alone import ALONE, AloneGate
 from jobqueue.worker.book import SETTINGS_CHANGED, QueueBook
+from jobqueue.worker.cancels import Released
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.doorbell import Doorbell
 from jobqueue.worker.executor import AsyncExecutor
@@ -147,6 +148,9 @@ class JobRunner:
         #: Where each lane's row in the ledger is (its ctid), for the next batch to delete.
         self._ledger_rows: dict[int, Any] = {}
         self.alone = AloneGate()  # this life's: where lanes make room for lone jobs
+        #: This life's jobs let go still waiting lately (`cancels.py`).
+        self.released = Released()
+        self._sending: set[asyncio.Task[None]] = set()  # cancels being sent again
 
     # -- control from outside -------------------------------------------------
 
@@ -428,12 +432,14 @@ class JobRunner:
         handlers) have a lane of their own that runs them in threads."""
         async_types = [t for t in self.job_types if t not in sync_types]
         self.floors = Floors(self.job_types)  # a new life claims from the front
+        self.released = Released()
         async with self.monitor_lock:  # what waits, before the lanes' first claims
             assert self._monitor is not None
             await self.book.look(self._monitor, self.floors)
         life = Life(worker_id=self.worker_id, registry=self.registry, stats=self.stats,
                     isolated_types=self.isolated_types, bell=self.bell,
                     stop=self._stop_requested, abandon=self._abandon, hand_back=self.hand_back,
+                    pass_on=self.pass_on, released=self.released,
                     cancel_statement=self.cancel_statement, record_batch=self.record_batch,
                     alone=self.alone, book=self.book, floors=self.floors,
                     job_types=async_types)
@@ -475,8 +481,10 @@ class JobRunner:
     async def _cut_lanes(self, lanes: list[Lane], tasks: list[asyncio.Task[None]], *,
                          hand_back: bool) -> None:
         """Abandon running handlers: their connections are cut so their
-        transactions roll back (nothing half-done commits)."""
+        transactions roll back (nothing half-done commits). Handed back, the
+        jobs that were cancelled meanwhile have their cancels sent again."""
         self._abandon.set()
+        cancelled = set().union(*(lane.cancels_held() for lane in lanes))
         logger.warning("abandoning %d running lane(s); their jobs go back to the queue",
                        sum(not t.done() for t in tasks),
                        extra={"event": "lanes_abandoned", "worker_id": self.worker_id,
@@ -492,6 +500,7 @@ class JobRunner:
         await asyncio.gather(*tasks, return_exceptions=True)
         if hand_back:
             await self.hand_back(None)
+            await self.pass_on(sorted(cancelled))
 
     async def hand_back(self, ids: list[uuid.UUID] | None) -> int:
         """Return jobs this worker claimed but will not finish (None: all of them)."""
@@ -506,6 +515,31 @@ class JobRunner:
                         extra={"event": "jobs_handed_back", "worker_id": self.worker_id,
                                "jobs": n})
         return n
+
+    async def pass_on(self, ids: list[uuid.UUID]) -> None:
+        """Send again the cancels this worker heard for jobs it let go still
+        waiting (a batch that stopped early, a retry, a rollback, a stop):
+        each is cancelled where it waits, or asked of the worker that took
+        it since (`queries.sql: cancel`). So a cancel the worker was asked
+        to carry out does not leave with it."""
+        if not ids:
+            return
+        self.released.discard(ids)  # its own notification comes back: not again
+        async with self.monitor_lock:
+            if self._monitor is None:  # this life is over: its next one heard nothing
+                logger.warning("the cancels of %d job(s) let go were not sent again: the "
+                               "worker is starting over", len(ids),
+                               extra={"event": "cancel_not_passed_on",
+                                      "worker_id": self.worker_id,
+                                      "job_ids": [str(i) for i in ids]})
+                return
+            for job_id in ids:
+                await queries["cancel"].fetch(self._monitor, id=job_id,
+                                              error_message=CANCELLED)
+        logger.info("sent again the cancel of %d job(s) let go unfinished: %s", len(ids),
+                    ", ".join(map(str, ids)),
+                    extra={"event": "cancels_passed_on", "worker_id": self.worker_id,
+                           "job_ids": [str(i) for i in ids]})
 
     async def record_batch(self, lane: int, xid: int, ids: list[uuid.UUID]) -> None:
         """Write down a quick batch before it runs (`queries.sql: record_batch`)."""
@@ -522,9 +556,25 @@ class JobRunner:
                 await queries["cancel_statement"].fetch(self._monitor, pid=pid)
 
     def cancel(self, job_id: uuid.UUID) -> bool:
-        """Cancel job `job_id` if one of this worker's lanes holds it (True):
-        its handler is stopped if it runs, the job fails `cancelled`."""
+        """Cancel job `job_id` if this worker holds it (True): its handler is
+        stopped if it runs, the job fails `cancelled` (`cancels.py`). A job
+        it let go waiting an instant ago was held when the cancel was sent:
+        the cancel is sent again."""
+        if self.released.take(job_id):
+            sending = asyncio.ensure_future(self._send_again(job_id))
+            self._sending.add(sending)
+            sending.add_done_callback(self._sending.discard)
+            return True
         return any(lane.interrupt(job_id, CANCELLED) for lane in self._lanes)
+
+    async def _send_again(self, job_id: uuid.UUID) -> None:
+        try:
+            await self.pass_on([job_id])
+        except Exception as exc:  # the life is ending: its next one hears nothing of it
+            logger.warning("the cancel of job %s was not sent again (%s)", job_id,
+                           one_line(exc), extra={"event": "cancel_not_passed_on",
+                                                 "job_id": str(job_id),
+                                                 "worker_id": self.worker_id})
 
     async def _log_summaries(self) -> None:
         """Every `summary_interval`, one INFO line of what the worker did since

@@ -295,11 +295,20 @@ class ThreadExecutor:
         await self.pool.wait_free(self.life.stop)
 
     def interrupt(self, job_id: uuid.UUID, reason: str) -> bool:
-        """Stop the sync job `job_id` if one of the threads runs it."""
+        """Stop the sync job `job_id` if it is one of this lane's (True): its
+        handler, if its thread still runs it (`ThreadPool.interrupt`); the
+        reason stays with the job either way, for what `_follow` makes of
+        its outcome."""
+        run = next((run for run in self.jobs.values() if run.job.id == job_id), None)
+        if run is None:
+            return False
+        run.reason = reason
         if job_id in self.pool.running:
             asyncio.ensure_future(self.pool.interrupt(job_id, reason))
-            return True
-        return False
+        return True
+
+    def cancelled(self) -> set[uuid.UUID]:
+        return {run.job.id for run in self.jobs.values() if run.reason == CANCELLED}
 
     async def settle_one(self) -> bool:
         if not self.jobs:
@@ -361,7 +370,10 @@ class ThreadExecutor:
         lane went on claiming meanwhile: a claim whose snapshot began before
         the record committed may have set its floor past the job (with no
         delay, at once). So the floors go back to where the job waited
-        before, which is never past where it waits now."""
+        before, which is never past where it waits now.
+
+        A job that goes on waiting (a retry, a snooze, handed back) or to
+        another worker is let go (`_let_go`)."""
         job = run.job
         try:
             recorded = await done
@@ -378,14 +390,36 @@ class ThreadExecutor:
             except Exception as again:  # the worker's connections went too: a rescue will
                 logger.warning("sync job %s not handed back (%s); it waits for a rescue",
                                job.id, one_line(again))
+            else:
+                await self._let_go(run)
             return
-        if recorded is not None:
-            out, latencies = recorded
-            if any(out.retry) or out.snoozed_ids:
-                self.life.floors.lower(queue, job.priority, job.run_at, job.id,
-                                       job_type=job.job_type)
-            self.life.stats.count_batch(out, latencies)
-            log_completed([job], out, self.worker_id)
+        if recorded is None:  # no longer this worker's (or cut off)
+            if not run.cut:
+                await self._let_go(run)
+            return
+        out, latencies = recorded
+        if any(out.retry) or out.snoozed_ids:
+            self.life.floors.lower(queue, job.priority, job.run_at, job.id,
+                                   job_type=job.job_type)
+        self.life.stats.count_batch(out, latencies)
+        log_completed([job], out, self.worker_id)
+        if out.waiting_again():
+            await self._let_go(run)
+
+    async def _let_go(self, run: SyncRun) -> None:
+        """The job goes on waiting, or to another worker: if it was cancelled
+        meanwhile, the cancel is sent again; else it is remembered a while,
+        for a cancel still on its way (`cancels.py`)."""
+        if run.reason != CANCELLED:
+            self.life.released.add([run.job.id])
+            return
+        try:
+            await self.life.pass_on([run.job.id])
+        except Exception as exc:  # the worker's connections are going: nothing to send on
+            logger.warning("sync job %s: its cancel was not sent again (%s)", run.job.id,
+                           one_line(exc), extra={"event": "cancel_not_passed_on",
+                                                 "job_id": str(run.job.id),
+                                                 "worker_id": self.worker_id})
 
     # -- in the thread -----------------------------------------------------------
 
