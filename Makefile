@@ -88,7 +88,7 @@ bench-pressure: setup
 bench-pinned: setup
 	$(BIN)/python -m jobqueue.benchmarks.pinned
 
-## bench-ab: the worker before and after a change, in one interleaved run (about 6 minutes,
+## bench-ab: the worker before and after a change, in one interleaved run (about 4 minutes,
 ## a quiet machine): OLD=<rev> against NEW=<rev> or, without NEW, this work tree as it is,
 ## each in its own checkout and database, its worker as the README starts it; a no-op
 ## drain, a write_row drain and one job's latency, NEW/OLD per round and its median
