@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 DJANGO_VENV  := .venv-django
 DJANGO_STAMP := $(DJANGO_VENV)/.installed-stamp
 
-.PHONY: setup test docs bench bench-pressure bench-pinned bench-scale bench-quick lab lint db-up db-down clean
+.PHONY: setup test docs bench bench-pressure bench-pinned bench-ab bench-scale bench-quick lab lint db-up db-down clean
 
 ## setup: build .venv with jobqueue and every extra (embedded server, lab, API, peer queues; idempotent)
 setup: $(STAMP) $(DJANGO_STAMP)
@@ -87,6 +87,14 @@ bench-pressure: setup
 ## or the leader's chores lands.
 bench-pinned: setup
 	$(BIN)/python -m jobqueue.benchmarks.pinned
+
+## bench-ab: the worker before and after a change, in one interleaved run (about 4 minutes,
+## a quiet machine): OLD=<rev> against NEW=<rev> or, without NEW, this work tree as it is,
+## each in its own checkout and database, its worker as the README starts it; a no-op
+## drain, a write_row drain and one job's latency, NEW/OLD per round and its median
+bench-ab: setup
+	@test -n "$(OLD)" || { echo "usage: make bench-ab OLD=<rev> [NEW=<rev>]" >&2; exit 2; }
+	$(BIN)/python -m jobqueue.benchmarks.ab '$(OLD)' $(if $(NEW),'$(NEW)')
 
 ## bench-scale: the scale notebook at full size (ten million finished jobs, a million
 ## waiting of another service's types: operator reads and drains beside them)

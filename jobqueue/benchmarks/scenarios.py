@@ -91,13 +91,15 @@ async def connected(url: str) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
-async def open_bench(name: str, revision: str = "head") -> str:
-    """A fresh database `jobqueue_bench_<name>` migrated to `revision`, with
-    the tables the handlers write; its URL. Pair with `close_bench(name)`."""
+async def open_bench(name: str, revision: str = "head",
+                     migrate: Callable[[str], Awaitable[None]] | None = None) -> str:
+    """A fresh database `jobqueue_bench_<name>` migrated to `revision` (or by
+    `migrate(url)`: another checkout's code, `ab`), with the tables the
+    handlers write; its URL. Pair with `close_bench(name)`."""
     server = db.database_url(embedded.database_url())
     url = await db.create_database(server, check_bench_name(f"{LAB_DATABASE_PREFIX}{name}"),
                                    replace=True)
-    await migrations.upgrade(url, revision)
+    await (migrate(url) if migrate is not None else migrations.upgrade(url, revision))
     async with connected(url) as conn:
         await conn.execute(BENCH_TABLE)
         await create_demo_tables(conn)
@@ -240,6 +242,14 @@ def _job(handler: str) -> tuple[str, str]:
 # -- the worker's command line, and labels built from it ---------------------------
 
 
+def running(checkout: Path | None) -> dict[str, Any]:
+    """`WorkerProcess`'s `cwd` and `env` for a process that runs the code of
+    `checkout` (another revision's, `ab`), None for this one's: `python -m`
+    puts its working directory first on sys.path, then PYTHONPATH, and
+    both come before the installed (editable) package."""
+    return {} if checkout is None else {"cwd": checkout, "env": {"PYTHONPATH": str(checkout)}}
+
+
 def worker_argv(handler: str = "noop", *flags: str) -> list[str]:
     """`jobqueue worker`'s arguments: `--import` of `handler`'s module, then
     `flags` (none: the CLI's defaults, as the README starts it)."""
@@ -307,12 +317,13 @@ async def drain(url: str, *, n: int, batch_size: int, workers: int, shared: bool
 
 async def cli_drain(url: str, *, n: int, handler: str = "noop", flags: Sequence[str] = (),
                     workers: int = 1, timeout: float = 900.0, log_dir: Path | None = None,
-                    memory: bool = True) -> dict[str, Any]:
+                    memory: bool = True, checkout: Path | None = None) -> dict[str, Any]:
     """A drain by workers started as the README starts them (`worker_argv`:
     no `--burst`, INFO logs to a file unless `flags` say otherwise), stopped
-    by `until_done`."""
+    by `until_done`; they run `checkout`'s code (`running`)."""
     argv = worker_argv(handler, *flags)
-    return (await _drain(url, n, argv, workers, handler, timeout, log_dir, memory))[0]
+    return (await _drain(url, n, argv, workers, handler, timeout, log_dir, memory,
+                         checkout=checkout))[0]
 
 
 #: Nothing left to do: no job waiting (the pickable index) or running (the
@@ -320,6 +331,13 @@ async def cli_drain(url: str, *, n: int, handler: str = "noop", flags: Sequence[
 #: commits, so this is true only once every completion is committed.
 _ALL_DONE = ("SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'retrying'))"
              " AND NOT EXISTS (SELECT 1 FROM jobs WHERE status = 'processing')")
+
+
+def alive(worker: WorkerProcess, before: str) -> None:
+    """RuntimeError, with the tail of its log, if `worker` has exited."""
+    if worker.proc.poll() is not None:
+        raise RuntimeError(f"worker exited with {worker.proc.returncode} before {before}: "
+                           f"{worker.log()[-2000:]}")
 
 
 async def until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
@@ -331,9 +349,7 @@ async def until_done(conn: asyncpg.Connection, procs: Sequence[WorkerProcess],
     which must exit 0. A worker exiting before that is an error."""
     async def done() -> bool:
         for p in procs:
-            if p.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {p.proc.returncode} before the drain "
-                                   f"ended: {p.log()[-2000:]}")
+            alive(p, "the drain ended")
         if not await conn.fetchval(done_sql):
             return False
         return not registered or all([await worker_state(conn, p) is not None for p in procs])
@@ -366,7 +382,8 @@ _DRAINED = """
 async def _drain(url: str, n: int, argv: Sequence[str], workers: int = 1,
                  handler: str = "noop", timeout: float = 900.0, log_dir: Path | None = None,
                  memory: bool = False,
-                 filler: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
+                 filler: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+                 checkout: Path | None = None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every drain: the row and the RSS samples (`memory`); `--burst` workers
     exit by themselves, others are stopped by `until_done`; `filler` queues
@@ -380,7 +397,8 @@ async def _drain(url: str, n: int, argv: Sequence[str], workers: int = 1,
         await _reset(conn, handler)
         await (filler(conn) if filler is not None else fill(conn, n, handler))
         before = await conn.fetchrow(_COUNTERS)
-        procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *argv) for i in range(workers)]
+        procs = [WorkerProcess(url, log_dir / f"drain-{i}.log", *argv, **running(checkout))
+                 for i in range(workers)]
         if memory:
             sampler = rss.RssSampler(p.pid for p in procs)
             sampler.start()
@@ -432,7 +450,7 @@ async def memory_timeline(url: str, *, n: int, batch_size: int = DEFAULT_BATCH_S
 
 @contextlib.asynccontextmanager
 async def _one_worker_and_producers(url: str, log_path: Path, connections: int,
-                                    *worker_args: str
+                                    *worker_args: str, checkout: Path | None = None
                                     ) -> AsyncIterator[tuple[asyncpg.Connection, asyncpg.Pool,
                                                              WorkerProcess]]:
     """An empty table, one active idle worker, a producer pool and a
@@ -441,11 +459,14 @@ async def _one_worker_and_producers(url: str, log_path: Path, connections: int,
             **db.asyncpg_connect_args(url), min_size=connections, max_size=connections) as pool:
         await _reset(conn)
         await conn.execute("VACUUM ANALYZE jobs")
-        worker = WorkerProcess(url, log_path, *worker_args)
+        worker = WorkerProcess(url, log_path, *worker_args, **running(checkout))
         try:
-            await wait_for(lambda: conn.fetchval(
-                "SELECT count(*) = 1 FROM jobqueue_workers WHERE state = 'active'"),
-                timeout=60, message="an active worker")
+            async def active() -> bool:
+                alive(worker, "it was active")
+                return bool(await conn.fetchval(
+                    "SELECT count(*) = 1 FROM jobqueue_workers WHERE state = 'active'"))
+
+            await wait_for(active, timeout=60, message="an active worker")
             yield conn, pool, worker
         finally:
             await worker.stop()
@@ -455,16 +476,17 @@ async def open_loop(url: str, *, rate: float, seconds: float,
                     batch_size: int = DEFAULT_BATCH_SIZE,
                     connections: int = 8, log_dir: Path | None = None,
                     flags: Sequence[str] | None = None,
-                    warmup: float = WARMUP_SECONDS) -> dict[str, Any]:
+                    warmup: float = WARMUP_SECONDS,
+                    checkout: Path | None = None) -> dict[str, Any]:
     """Jobs arriving at `rate` for `seconds`, each in its own transaction on
     a schedule that does not wait for the queue, picked up by one idle worker
-    (one lane at `batch_size`, or `worker_argv("noop", *flags)`): the summary
-    and each job's latencies, the first `warmup` seconds' marked and left
-    out of the percentiles."""
+    (one lane at `batch_size`, or `worker_argv("noop", *flags)`; `checkout`'s
+    code, `running`): the summary and each job's latencies, the first
+    `warmup` seconds' marked and left out of the percentiles."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="jobqueue-latency-"))
     argv = _worker_args(batch_size, False, 1) if flags is None else worker_argv("noop", *flags)
     async with _one_worker_and_producers(url, log_dir / "worker.log", connections,
-                                         *argv) as (conn, pool, _):
+                                         *argv, checkout=checkout) as (conn, pool, _):
         total = max(1, round(rate * seconds))
         lateness = await arrivals(_insert_noop(pool), rate, total)
         await wait_for(lambda: conn.fetchval(
