@@ -143,6 +143,51 @@ async def test_under_a_held_horizon_claims_read_each_entry_a_few_times_not_every
     assert read < 6 * n, read
 
 
+async def test_under_a_held_horizon_a_claimed_job_is_recorded_by_row_address(
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+    """Issue 49: claimed jobs (as each job that arrives alone is) were
+    recorded by id, through idx_jobs_processing (the worker's jobs that
+    are `processing`), which keeps an entry for every job the worker claimed
+    since vacuum was held back: 1,000 jobs claimed ten at a time read about
+    50,000 of its entries. Recorded where `claim` wrote them, none."""
+    n = 1000
+    holder = await asyncpg.connect(**db.asyncpg_connect_args(db_url))
+    try:
+        await holder.execute("BEGIN")
+        await holder.fetchval("SELECT pg_current_xact_id()")
+        async with engine.begin() as s:
+            await enqueue_many(s, "noop", [{} for _ in range(n)])
+        await conn.execute("ANALYZE jobs")
+        before = await processing_read(conn), await entries_read(conn)
+        report = await drain(db_url, registry=registry(), batch_size=10, quick_batch=0.0,
+                             concurrency=1)
+        assert report["processed"] == n
+        assert await conn.fetchval(  # claimed, every one: each had an entry there
+            "SELECT count(*) FROM jobs WHERE status = 'completed' AND started_at IS NOT NULL "
+            "AND started_at < completed_at") == n
+        seen: list[tuple[int, int]] = []
+
+        async def settled() -> tuple[int, int] | None:
+            # The drain's backends send their counts as they close: settled
+            # once two reads agree and the claims' own reads are counted.
+            seen.append((await processing_read(conn) - before[0],
+                         await entries_read(conn) - before[1]))
+            return seen[-1] if len(seen) > 1 and seen[-1] == seen[-2] \
+                and seen[-1][1] >= n else None
+
+        read, claims_read = await wait_for(settled, timeout=DEADLINE, interval=0.3,
+                                           message="the index statistics of the drain")
+    finally:
+        await holder.close()
+    assert claims_read >= n and read < n, (read, claims_read)
+
+
+async def processing_read(conn: asyncpg.Connection) -> int:
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    return int(await conn.fetchval(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'idx_jobs_processing'"))
+
+
 # -- jobs that land behind a floor --------------------------------------------------
 
 

@@ -99,7 +99,7 @@ async def run(db_url: str, registry: HandlerRegistry, **options: Any
     the test makes them, in the order it enqueued them); the runner (what it
     learnt) and its report."""
     runner = JobRunner(db_url, registry=registry, burst=True, install_signal_handlers=False,
-                       quick_batch=5.0, concurrency=1, **options)
+                       **{"quick_batch": 5.0, "concurrency": 1, **options})
     return runner, await runner.run()
 
 
@@ -401,10 +401,12 @@ async def test_one_savepoint_hungry_job_does_not_shrink_later_batches(
     assert report["processed"] == 301 and report["batches"] <= 10
 
 
+@pytest.mark.parametrize("quick_batch", [5.0, 0.0], ids=["taken", "claimed"])
 async def test_a_handler_that_updates_its_own_job_still_completes_it_once(
-        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection) -> None:
+        engine: AsyncEngine, db_url: str, conn: asyncpg.Connection, quick_batch: float) -> None:
     """A quick batch records its jobs where `take` found their rows
-    (`complete_taken`); a handler that wrote its own job's row moved it. That
+    (`complete_taken`), a claimed one where `claim` wrote them
+    (`complete_claimed`); a handler that wrote its own job's row moved it. That
     job is recorded by id instead, with its handler's write kept, and its
     batch-mates by where they were; nothing is rolled back or run twice."""
     registry = HandlerRegistry()
@@ -421,7 +423,7 @@ async def test_a_handler_that_updates_its_own_job_still_completes_it_once(
     async with engine.begin() as s:
         for i in range(6):
             ids.append(await enqueue(s, "touch_own", {"touch": i % 3 == 1}))
-    _, report = await run(db_url, registry)
+    _, report = await run(db_url, registry, quick_batch=quick_batch)
     assert report["processed"] == 6 and report["rerun"] == 0
     assert report["batches"] < 6  # batches of several jobs, so moved rows had batch-mates
     rows = {r["id"]: r for r in await conn.fetch("SELECT id, status, payload FROM jobs")}

@@ -47,15 +47,18 @@ async def record(raw: Any, worker_id: int, out: Outcomes, batch: BatchKind,
 
 async def _complete(raw: Any, worker_id: int, out: Outcomes, taken: bool,
                     jobs: list[ClaimedJob]) -> list[float]:
-    """Record the successes (`complete`); a taken batch's by where `take`
-    found their rows (`complete_taken`), and by id only those whose row
-    moved since (a handler that updated its own job)."""
+    """Record the successes (`complete`) by where their rows were when the
+    batch got them: a taken batch's where `take` locked them
+    (`complete_taken`), a claimed one's where `claim` wrote them
+    (`complete_claimed`); by id only those whose row moved since (a handler
+    that updated its own job), or that came without an address (a limited
+    queue's, a lone job's)."""
     ids, results = out.done_ids, out.results
     latencies: list[float] = []
-    tid_of = {job.id: job.tid for job in jobs} if taken else {}
+    tid_of = {job.id: job.tid for job in jobs}
     tids = [tid for tid in map(tid_of.get, ids) if tid is not None]
-    if tid_of and len(tids) == len(ids):
-        rows = await queries["complete_taken"].fetch(
+    if len(tids) == len(ids):
+        rows = await queries["complete_taken" if taken else "complete_claimed"].fetch(
             raw, ids=ids, results=results if any(r is not None for r in results) else None,
             tids=tid_array(tids), worker_id=worker_id)
         latencies = [row["latency"] for row in rows]

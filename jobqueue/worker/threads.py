@@ -46,7 +46,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
 
 import sqlalchemy
@@ -69,7 +69,7 @@ from jobqueue.worker.batch import (
     Started,
     split,
 )
-from jobqueue.worker.completer import LostOwnership
+from jobqueue.worker.completer import LostOwnership, tid_array
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.floors import Arms
 from jobqueue.worker.guard import refusal
@@ -216,10 +216,16 @@ def _record(conn: Connection, run: SyncRun, out: Outcomes, worker_id: int) -> li
     alone (it commits as it runs) when the handler wrote nothing.
     LostOwnership when the job is no longer this worker's (it was declared
     hung and another worker took it): nothing commits."""
+    rows: Sequence[Any] = ()
     if out.done_ids:
-        rows = conn.execute(queries["complete"].text, {
-            "ids": out.done_ids, "results": out.results, "worker_id": worker_id,
-            "taken": False}).all()
+        if run.job.tid is not None:  # where its claim wrote it (`complete_claimed`)
+            rows = conn.execute(queries["complete_claimed"].text, {
+                "ids": out.done_ids, "results": out.results, "worker_id": worker_id,
+                "tids": tid_array([run.job.tid])}).all()
+        if not rows:  # no address, or its row moved since (the handler updated its job)
+            rows = conn.execute(queries["complete"].text, {
+                "ids": out.done_ids, "results": out.results, "worker_id": worker_id,
+                "taken": False}).all()
     elif out.snoozed_ids:
         rows = conn.execute(queries["snooze"].text, {
             "ids": out.snoozed_ids, "delays": out.snoozes, "worker_id": worker_id,
@@ -235,7 +241,7 @@ def _record(conn: Connection, run: SyncRun, out: Outcomes, worker_id: int) -> li
         run.driver.commit()
         run.began = False
     conn.rollback()  # SQLAlchemy's transaction, which sent nothing
-    return [float(row[0]) for row in rows] if out.done_ids else []
+    return [float(row.latency) for row in rows] if out.done_ids else []
 
 
 class _ClaimOnly(Claimed):
