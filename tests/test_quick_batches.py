@@ -160,7 +160,7 @@ async def test_a_job_that_arrives_alone_is_claimed_and_begins_no_transaction_it_
     engine: AsyncEngine, db_url: str, conn: asyncpg.Connection
 ) -> None:
     """An idle lane gets one job at a time: a claim (committed without waiting
-    for the disk), then, for a job that sends nothing, its `complete` alone in
+    for the disk), then, for a job that sends nothing, its `complete_claimed` alone in
     autocommit; a job that writes begins the transaction at its first statement."""
     await conn.execute("CREATE TABLE lone_writes (job_id uuid)")
     registry = HandlerRegistry()
@@ -190,7 +190,7 @@ async def test_a_job_that_arrives_alone_is_claimed_and_begins_no_transaction_it_
         # on) to the job's outcome; the lane's look for more work follows.
         sent = trace[start:]
         sent = sent[sent.index("COMMIT") + 1:]
-        return sent[:sent.index("complete  (jobqueue/schema/queries.sql)") + 2]
+        return sent[:sent.index("complete_claimed  (jobqueue/schema/queries.sql)") + 2]
 
     runner = JobRunner(db_url, registry=registry, concurrency=1, poll_interval=60.0)
     with sql_trace() as trace:
@@ -200,12 +200,12 @@ async def test_a_job_that_arrives_alone_is_claimed_and_begins_no_transaction_it_
             first = await one("nothing")  # a lane's first job: claimed anyway
             assert await one("nothing") == first == [
                 "claim  (jobqueue/schema/queries.sql)",
-                "complete  (jobqueue/schema/queries.sql)",
+                "complete_claimed  (jobqueue/schema/queries.sql)",
                 "claim  (jobqueue/schema/queries.sql)"]  # the look for more: nothing
             assert await one("write") == [
                 "claim  (jobqueue/schema/queries.sql)", "BEGIN",
                 "INSERT INTO lone_writes VALUES ($1)",
-                "complete  (jobqueue/schema/queries.sql)", "COMMIT"]
+                "complete_claimed  (jobqueue/schema/queries.sql)", "COMMIT"]
         finally:
             runner.stop()
             await asyncio.wait_for(task, 30)

@@ -96,7 +96,7 @@ async def test_sql_trace_names_jobqueue_queries_and_a_swallowed_error_fails_the_
     with savepoints.sql_trace() as trace:
         await drain(db_url, registry=registry)
     assert "claim  (jobqueue/schema/queries.sql)" in trace
-    assert "complete  (jobqueue/schema/queries.sql)" in trace
+    assert "complete_claimed  (jobqueue/schema/queries.sql)" in trace
     jobs = await savepoints.job_outcomes(accounts)
     assert list(zip(jobs["payment_id"], jobs["status"], jobs["error"], strict=True)) == [
         ("p-1", "completed", ""), ("p-2", "failed", "SwallowedDatabaseError")]
