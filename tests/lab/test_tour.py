@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from jobqueue import JobRunner, RetryPolicy, enqueue, enqueue_many, handlers
 from jobqueue.lab import slow_jobs, tour
 from jobqueue.schema.models import JobStatus
-from jobqueue.testing import drain
+from jobqueue.testing import drain, wait_for
 from jobqueue.worker.upkeep import rescue
 
 matplotlib.use("Agg")
@@ -262,8 +262,13 @@ async def test_a_killed_quick_batch_leaves_nothing_to_put_back_and_runs_alone_ne
     await tour.wait_released(conn, ids)
     # Its ledger rows name its batches (the freeze waited for them: a lane
     # caught between its take and its ledger write leaves nothing to mark):
-    # each job is marked to run alone, none blamed.
-    marked = await rescue(conn)
+    # each job is marked to run alone, none blamed. The lane's backend
+    # ending (its locks released) does not mean the control connection's
+    # has: until that one ends too, its liveness lock says the worker lives
+    # and a rescue leaves its batches alone (failed once under CI's load:
+    # 0 marked). A leader rescues every tick; here, until one does.
+    marked = await wait_for(lambda: rescue(conn), timeout=30,
+                            message="a rescue that finds the killed worker gone")
     assert 0 < marked <= len(taken)
     assert await tour.fate(conn, crew, taken) == {
         "status": ["pending"], "retry_count": [0], "worker": ["nobody"],
